@@ -1,0 +1,96 @@
+//! cgroups for skiff sandboxes.
+//!
+//! [`Hierarchy::detect`] reads which cgroup layout the host has (v1, v2 or hybrid) and
+//! where this process sits in each hierarchy; every cgroup skiff makes lives below that
+//! path (delegation). [`Backend`] is the one interface over the layouts, and
+//! [`CgroupPool`] keeps pre-created cgroups that sandboxes claim and release without
+//! creating or removing anything on the hot path.
+
+mod detect;
+mod pool;
+mod v1;
+mod v2;
+
+pub use detect::{Hierarchy, Layout};
+pub use pool::{CgroupPool, Slot};
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+/// Resource limits of one sandbox.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    /// CPU time per wall second (0.5 = half a CPU).
+    pub cpus: f64,
+    pub pids: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            memory_bytes: 256 << 20,
+            cpus: 1.0,
+            pids: 64,
+        }
+    }
+}
+
+/// The CFS period skiff uses on both versions; quota = cpus × period.
+pub(crate) const CPU_PERIOD_US: u64 = 100_000;
+
+/// What a new process needs to enter a cgroup, opened before it is spawned.
+#[derive(Debug, Default)]
+pub struct Entry {
+    /// A cgroup v2 directory for `clone3(CLONE_INTO_CGROUP)`.
+    pub clone_into: Option<OwnedFd>,
+    /// `cgroup.procs` files the new process writes "0" to (v1 hierarchies).
+    pub join: Vec<OwnedFd>,
+}
+
+/// One cgroup layout. Slots are named directories below the pool's root.
+pub trait Backend: Send + Sync {
+    /// Directories this backend manages for `slot` (one per hierarchy).
+    fn dirs(&self, slot: &str) -> Vec<PathBuf>;
+    /// Creates the pool root and enables controllers (off the hot path).
+    fn create_root(&self) -> Result<()>;
+    fn create(&self, slot: &str) -> Result<()>;
+    fn remove(&self, slot: &str) -> Result<()>;
+    fn set_limits(&self, slot: &str, limits: &Limits) -> Result<()>;
+    /// Adds what a process needs to enter `slot` to `entry`.
+    fn entry(&self, slot: &str, entry: &mut Entry) -> Result<()>;
+    /// Pids of every process in `slot`.
+    fn procs(&self, slot: &str) -> Result<Vec<i32>>;
+    /// Kills every process in `slot` (without waiting).
+    fn kill_all(&self, slot: &str) -> Result<()>;
+    /// Cumulative count of OOM kills in `slot`.
+    fn oom_kills(&self, slot: &str) -> Result<u64>;
+    fn memory_usage(&self, slot: &str) -> Result<u64>;
+}
+
+pub(crate) fn read_trimmed(path: &std::path::Path) -> Result<String> {
+    use anyhow::Context;
+    Ok(std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .trim()
+        .to_owned())
+}
+
+pub(crate) fn write_file(path: &std::path::Path, value: &str) -> Result<()> {
+    use anyhow::Context;
+    std::fs::write(path, value)
+        .with_context(|| format!("cannot write {value:?} to {}", path.display()))
+}
+
+pub(crate) fn parse_procs(text: &str) -> Vec<i32> {
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+pub(crate) fn kill_pids(pids: &[i32]) {
+    for &pid in pids {
+        // SAFETY: plain syscall; the pids come from a cgroup skiff owns.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}

@@ -1,0 +1,135 @@
+//! cgroup v1: one directory per controller hierarchy.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+use crate::{
+    kill_pids, parse_procs, read_trimmed, write_file, Backend, Entry, Limits, CPU_PERIOD_US,
+};
+
+pub(crate) struct V1 {
+    memory: PathBuf,
+    cpu: PathBuf,
+    pids: PathBuf,
+}
+
+impl V1 {
+    /// `roots` are the pool's directories in the memory, cpu and pids hierarchies.
+    pub(crate) fn new(memory: PathBuf, cpu: PathBuf, pids: PathBuf) -> V1 {
+        V1 { memory, cpu, pids }
+    }
+}
+
+impl Backend for V1 {
+    fn dirs(&self, slot: &str) -> Vec<PathBuf> {
+        [&self.memory, &self.cpu, &self.pids]
+            .into_iter()
+            .map(|root| root.join(slot))
+            .collect()
+    }
+
+    fn create_root(&self) -> Result<()> {
+        for root in [&self.memory, &self.cpu, &self.pids] {
+            std::fs::create_dir_all(root)
+                .with_context(|| format!("cannot create cgroup {}", root.display()))?;
+        }
+        Ok(())
+    }
+
+    fn create(&self, slot: &str) -> Result<()> {
+        for dir in self.dirs(slot) {
+            match std::fs::create_dir(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    return Err(e).with_context(|| format!("cannot create cgroup {}", dir.display()))
+                }
+                _ => {}
+            }
+        }
+        write_file(
+            &self.cpu.join(slot).join("cpu.cfs_period_us"),
+            &CPU_PERIOD_US.to_string(),
+        )
+    }
+
+    fn remove(&self, slot: &str) -> Result<()> {
+        for dir in self.dirs(slot) {
+            match std::fs::remove_dir(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("cannot remove cgroup {}", dir.display()))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn set_limits(&self, slot: &str, limits: &Limits) -> Result<()> {
+        let memory = self.memory.join(slot);
+        let bytes = limits.memory_bytes.to_string();
+        // memsw (memory+swap) must stay >= the memory limit: raise memory first when
+        // growing, memsw first when shrinking; equal values forbid swap.
+        let memsw = memory.join("memory.memsw.limit_in_bytes");
+        if write_file(&memory.join("memory.limit_in_bytes"), &bytes).is_err() {
+            write_file(&memsw, &bytes)?;
+            write_file(&memory.join("memory.limit_in_bytes"), &bytes)?;
+        } else if memsw.exists() {
+            write_file(&memsw, &bytes)?;
+        }
+        let quota = (limits.cpus * CPU_PERIOD_US as f64).round() as u64;
+        write_file(
+            &self.cpu.join(slot).join("cpu.cfs_quota_us"),
+            &quota.to_string(),
+        )?;
+        write_file(
+            &self.pids.join(slot).join("pids.max"),
+            &limits.pids.to_string(),
+        )
+    }
+
+    fn entry(&self, slot: &str, entry: &mut Entry) -> Result<()> {
+        for dir in self.dirs(slot) {
+            let path = dir.join("cgroup.procs");
+            let file = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            entry.join.push(file.into());
+        }
+        Ok(())
+    }
+
+    fn procs(&self, slot: &str) -> Result<Vec<i32>> {
+        let mut pids = Vec::new();
+        for dir in self.dirs(slot) {
+            for pid in parse_procs(&read_trimmed(&dir.join("cgroup.procs"))?) {
+                if !pids.contains(&pid) {
+                    pids.push(pid);
+                }
+            }
+        }
+        Ok(pids)
+    }
+
+    fn kill_all(&self, slot: &str) -> Result<()> {
+        kill_pids(&self.procs(slot)?);
+        Ok(())
+    }
+
+    fn oom_kills(&self, slot: &str) -> Result<u64> {
+        let text = read_trimmed(&self.memory.join(slot).join("memory.oom_control"))?;
+        Ok(text
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0))
+    }
+
+    fn memory_usage(&self, slot: &str) -> Result<u64> {
+        let text = read_trimmed(&self.memory.join(slot).join("memory.usage_in_bytes"))?;
+        text.parse().context("bad memory.usage_in_bytes")
+    }
+}

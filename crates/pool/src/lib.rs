@@ -1,0 +1,191 @@
+//! Claims on a fixed set of pre-created slots, shared by every skiff process on the node.
+//!
+//! A pool's state directory holds `size` (the number of slots), `lock` (taken while the
+//! resources are created or removed, never on the hot path) and `claims/`. A slot `i` is
+//! claimed by creating the symlink `claims/i` whose target names the owner
+//! (a sandbox id). `symlink(2)` creates exclusively and atomically, so a claim costs one
+//! syscall, carries its owner, and needs no lock and no daemon; a crashed owner leaves a
+//! symlink that `skiff gc` finds and releases. The resources themselves (cgroups,
+//! namespaces) are never renamed: on cgroup v1 a rename takes the kernel's cgroup_mutex
+//! and v2 cannot rename at all.
+
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// The state directory of one pool.
+#[derive(Debug, Clone)]
+pub struct Claims {
+    state: PathBuf,
+    dir: PathBuf,
+}
+
+/// A claim as found on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub slot: usize,
+    pub owner: String,
+    /// How long ago the claim was made (from the symlink's ctime).
+    pub age: Duration,
+}
+
+impl Claims {
+    pub fn new(state: impl Into<PathBuf>) -> io::Result<Claims> {
+        let state = state.into();
+        let dir = state.join("claims");
+        std::fs::create_dir_all(&dir)?;
+        Ok(Claims { state, dir })
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state
+    }
+
+    /// The configured number of slots (0 before the pool was first made).
+    pub fn size(&self) -> io::Result<usize> {
+        match std::fs::read_to_string(self.state.join("size")) {
+            Ok(text) => text
+                .trim()
+                .parse()
+                .map_err(|_| io::Error::other(format!("corrupt {}", self.state.join("size").display()))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records the number of slots (atomically); 0 forgets the pool.
+    pub fn set_size(&self, size: usize) -> io::Result<()> {
+        let path = self.state.join("size");
+        if size == 0 {
+            return match std::fs::remove_file(path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            };
+        }
+        let tmp = self.state.join("size.tmp");
+        std::fs::write(&tmp, size.to_string())?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Takes the pool's lock, held until the returned file is dropped.
+    pub fn lock(&self) -> io::Result<std::fs::File> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::create(self.state.join("lock"))?;
+        // SAFETY: a valid descriptor; the lock lives as long as the returned File.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(file)
+    }
+
+    /// Claims a free slot below `size` for `owner`, probing from `hint`. Returns `None`
+    /// when every slot is taken. With a random hint the first probe nearly always wins.
+    pub fn claim(&self, size: usize, hint: usize, owner: &str) -> io::Result<Option<usize>> {
+        let target = CString::new(owner).map_err(io::Error::other)?;
+        for i in 0..size {
+            let slot = (hint + i) % size;
+            let link = self.path_c(slot);
+            // SAFETY: both are valid NUL-terminated strings.
+            if unsafe { libc::symlink(target.as_ptr(), link.as_ptr()) } == 0 {
+                return Ok(Some(slot));
+            }
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EEXIST) {
+                return Err(err);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Releases `slot`; releasing a free slot is not an error (gc and an owner may race).
+    pub fn release(&self, slot: usize) -> io::Result<()> {
+        match std::fs::remove_file(self.dir.join(slot.to_string())) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every current claim, in slot order.
+    pub fn list(&self) -> io::Result<Vec<Claim>> {
+        let now = SystemTime::now();
+        let mut claims = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let Some(slot) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+                continue;
+            };
+            let (Ok(target), Ok(meta)) = (
+                std::fs::read_link(entry.path()),
+                std::fs::symlink_metadata(entry.path()),
+            ) else {
+                continue; // released while we looked
+            };
+            let changed = SystemTime::UNIX_EPOCH
+                + Duration::new(meta_ctime(&meta), 0);
+            claims.push(Claim {
+                slot,
+                owner: target.to_string_lossy().into_owned(),
+                age: now.duration_since(changed).unwrap_or_default(),
+            });
+        }
+        claims.sort_by_key(|c| c.slot);
+        Ok(claims)
+    }
+
+    fn path_c(&self, slot: usize) -> CString {
+        let path = self.dir.join(slot.to_string());
+        CString::new(OsStr::as_bytes(path.as_os_str())).expect("claim path has no NUL")
+    }
+}
+
+fn meta_ctime(meta: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    meta.ctime().max(0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> Claims {
+        let dir = std::env::temp_dir().join(format!("skiff-pool-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Claims::new(dir).unwrap()
+    }
+
+    #[test]
+    fn claims_are_exclusive_until_released() {
+        let claims = scratch("exclusive");
+        assert_eq!(claims.claim(2, 0, "a").unwrap(), Some(0));
+        assert_eq!(claims.claim(2, 0, "b").unwrap(), Some(1));
+        assert_eq!(claims.claim(2, 1, "c").unwrap(), None);
+        let owners: Vec<_> = claims.list().unwrap().into_iter().map(|c| c.owner).collect();
+        assert_eq!(owners, ["a", "b"]);
+        claims.release(0).unwrap();
+        claims.release(0).unwrap();
+        assert_eq!(claims.claim(2, 1, "c").unwrap(), Some(0));
+        std::fs::remove_dir_all(claims.state_dir()).unwrap();
+    }
+
+    #[test]
+    fn concurrent_claimers_never_share_a_slot() {
+        let claims = scratch("concurrent");
+        let won: Vec<usize> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..16)
+                .map(|t| {
+                    let claims = &claims;
+                    s.spawn(move || claims.claim(8, t, &format!("t{t}")).unwrap())
+                })
+                .collect();
+            handles.into_iter().filter_map(|h| h.join().unwrap()).collect()
+        });
+        let mut sorted = won.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(won.len(), 8);
+        assert_eq!(sorted.len(), 8);
+        std::fs::remove_dir_all(claims.state_dir()).unwrap();
+    }
+}

@@ -1,0 +1,17 @@
+//! Function sandboxes.
+//!
+//! A [`Spawner`] starts a command in a new PID, mount, IPC, UTS and cgroup namespace
+//! (user and network namespaces on request) with one `clone3` call, straight into a
+//! pooled cgroup where the kernel allows it, and hands back a pidfd. The child then sets
+//! itself up in plain code: a read-only bind of the root, fresh /proc with runc's masks,
+//! a minimal /dev, tmpfs for /tmp, `pivot_root`, no capabilities, `no_new_privs`, a
+//! seccomp allowlist, and `execve`.
+
+mod child;
+pub mod netns;
+pub mod seccomp;
+mod spawn;
+mod spec;
+
+pub use spawn::{Child, ExitStatus, SpawnError, SpawnErrorKind, Spawner};
+pub use spec::{IdMap, Spec};

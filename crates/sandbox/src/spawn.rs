@@ -1,0 +1,354 @@
+use std::ffi::CString;
+use std::fmt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use skiff_cgroups::Entry;
+
+use crate::child::{self, Prepared, Stage};
+use crate::seccomp::Filter;
+use crate::spec::Spec;
+
+const CLONE_PIDFD: u64 = 0x1000;
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `struct clone_args` (Linux 5.7, CLONE_ARGS_SIZE_VER2).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// Creates sandboxes. Forking is only safe in a single-threaded process, so a spawner
+/// can only be made in one: the `skiff run` CLI, or a spawner process forked before an
+/// async runtime starts.
+pub struct Spawner {
+    filter: Filter,
+    last_cap: u32,
+}
+
+/// A running sandbox's first process.
+#[derive(Debug)]
+pub struct Child {
+    pub pid: i32,
+    pub pidfd: OwnedFd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl ExitStatus {
+    /// The shell's convention: the exit code, or 128 + the signal.
+    pub fn code(self) -> i32 {
+        match self {
+            ExitStatus::Exited(c) => c,
+            ExitStatus::Signaled(s) => 128 + s,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpawnErrorKind {
+    /// The command was not found in the sandbox (shells exit 127).
+    NotFound,
+    /// The command exists but cannot be executed (shells exit 126).
+    NotExecutable,
+    /// The sandbox could not be set up.
+    Setup,
+}
+
+#[derive(Debug)]
+pub struct SpawnError {
+    pub kind: SpawnErrorKind,
+    pub message: String,
+}
+
+impl fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SpawnError {}
+
+fn setup_error(message: impl Into<String>) -> SpawnError {
+    SpawnError {
+        kind: SpawnErrorKind::Setup,
+        message: message.into(),
+    }
+}
+
+impl Spawner {
+    pub fn new() -> Result<Spawner> {
+        let threads = std::fs::metadata("/proc/self/task")
+            .map(|m| std::os::unix::fs::MetadataExt::nlink(&m).saturating_sub(2))
+            .unwrap_or(1);
+        anyhow::ensure!(
+            threads <= 1,
+            "a sandbox spawner must run in a single-threaded process ({threads} threads)"
+        );
+        let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(40);
+        Ok(Spawner {
+            filter: Filter::docker_default(),
+            last_cap,
+        })
+    }
+
+    /// Starts `spec` in a new sandbox in the cgroup `entry`, and returns once the command
+    /// has been exec'd (or failed to be).
+    pub fn spawn(&self, spec: &Spec, entry: &Entry) -> Result<Child, SpawnError> {
+        check_rootfs(spec)?;
+        let prepared = Prepared::new(spec, entry, &self.filter, self.last_cap)
+            .map_err(|e| setup_error(format!("{e:#}")))?;
+        let (parent_end, child_end) = seqpacket_pair().map_err(|e| setup_error(e.to_string()))?;
+
+        let mut flags = (libc::CLONE_NEWPID
+            | libc::CLONE_NEWNS
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWUTS) as u64
+            | CLONE_PIDFD;
+        let mut pidfd: RawFd = -1;
+        let mut args = CloneArgs {
+            pidfd: &mut pidfd as *mut RawFd as u64,
+            exit_signal: libc::SIGCHLD as u64,
+            ..CloneArgs::default()
+        };
+        if let Some(cgroup) = &entry.clone_into {
+            flags |= CLONE_INTO_CGROUP;
+            args.cgroup = cgroup.as_raw_fd() as u64;
+        }
+        args.flags = flags;
+        // SAFETY: clone3 without CLONE_VM forks; this process is single-threaded
+        // (checked in `new`), so the child may run ordinary code until it execs.
+        let pid = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &mut args as *mut CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        if pid < 0 {
+            let err = std::io::Error::last_os_error();
+            return Err(setup_error(format!("clone3 failed: {err}")));
+        }
+        if pid == 0 {
+            drop(parent_end);
+            child::run(&prepared, child_end.as_raw_fd());
+        }
+        drop(child_end);
+        // SAFETY: the kernel stored a new pidfd that nothing else owns.
+        let child = Child {
+            pid: pid as i32,
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
+        };
+        match self.supervise_setup(spec, &child, &parent_end, &prepared) {
+            Ok(()) => Ok(child),
+            Err(e) => {
+                let _ = child.kill(libc::SIGKILL);
+                let _ = child.wait();
+                Err(e)
+            }
+        }
+    }
+
+    /// Serves the child's requests (user-namespace maps) until it execs (EOF) or
+    /// reports a failure.
+    fn supervise_setup(
+        &self,
+        spec: &Spec,
+        child: &Child,
+        sock: &OwnedFd,
+        prepared: &Prepared,
+    ) -> Result<(), SpawnError> {
+        loop {
+            let mut msg = [0u8; child::MESSAGE_LEN];
+            // SAFETY: reading into a local buffer from a socket we own.
+            let n = unsafe { libc::read(sock.as_raw_fd(), msg.as_mut_ptr().cast(), msg.len()) };
+            match n {
+                0 => return Ok(()),
+                n if n < 0 => {
+                    let err = std::io::Error::last_os_error();
+                    if err.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(setup_error(format!("lost the sandbox's setup channel: {err}")));
+                }
+                _ => {}
+            }
+            match child::Message::decode(&msg) {
+                child::Message::NeedIdMaps => {
+                    let map = spec.user_ns.expect("child asks for maps only with a user ns");
+                    write_id_maps(child.pid, map.host, map.count)
+                        .map_err(|e| setup_error(format!("cannot map user namespace ids: {e:#}")))?;
+                    // SAFETY: one byte from a local buffer.
+                    unsafe { libc::write(sock.as_raw_fd(), b"G".as_ptr().cast(), 1) };
+                }
+                child::Message::Failed { stage, index, errno } => {
+                    let _ = child.wait();
+                    return Err(describe_failure(spec, prepared, stage, index, errno));
+                }
+            }
+        }
+    }
+}
+
+impl Child {
+    pub fn kill(&self, signal: i32) -> std::io::Result<()> {
+        // SAFETY: pidfd_send_signal on a pidfd we own; no siginfo.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Reaps the child (blocking).
+    pub fn wait(&self) -> std::io::Result<ExitStatus> {
+        wait_pidfd(self.pidfd.as_raw_fd(), 0)
+            .map(|s| s.expect("a blocking wait returns a status"))
+    }
+
+    /// Reaps the child if it has exited.
+    pub fn try_wait(&self) -> std::io::Result<Option<ExitStatus>> {
+        wait_pidfd(self.pidfd.as_raw_fd(), libc::WNOHANG)
+    }
+}
+
+fn wait_pidfd(pidfd: RawFd, options: i32) -> std::io::Result<Option<ExitStatus>> {
+    const P_PIDFD: libc::idtype_t = 3;
+    loop {
+        // SAFETY: zeroed siginfo is a valid out-parameter for waitid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let r = unsafe { libc::waitid(P_PIDFD, pidfd as libc::id_t, &mut info, libc::WEXITED | options) };
+        if r < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        // SAFETY: waitid filled in a SIGCHLD siginfo (or left it zeroed under WNOHANG).
+        let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+        if pid == 0 {
+            return Ok(None);
+        }
+        return Ok(Some(if info.si_code == libc::CLD_EXITED {
+            ExitStatus::Exited(status)
+        } else {
+            ExitStatus::Signaled(status)
+        }));
+    }
+}
+
+/// Checks what the rootfs must have before forking, so mistakes get plain messages.
+fn check_rootfs(spec: &Spec) -> Result<(), SpawnError> {
+    let root = &spec.rootfs;
+    if !root.is_dir() {
+        return Err(setup_error(format!(
+            "rootfs {} does not exist or is not a directory",
+            root.display()
+        )));
+    }
+    let mut needed = vec!["proc", "dev", "tmp"];
+    if spec.work.is_some() {
+        needed.push("work");
+    }
+    needed.extend(spec.tmpfs.iter().map(|p| p.trim_start_matches('/')));
+    for dir in needed {
+        if !root.join(dir).is_dir() {
+            return Err(setup_error(format!(
+                "rootfs {} has no /{dir} directory to mount on",
+                root.display()
+            )));
+        }
+    }
+    if let Some(work) = &spec.work {
+        if !work.is_dir() {
+            return Err(setup_error(format!(
+                "work directory {} does not exist",
+                work.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn describe_failure(
+    spec: &Spec,
+    prepared: &Prepared,
+    stage: Stage,
+    index: u16,
+    errno: i32,
+) -> SpawnError {
+    let err = std::io::Error::from_raw_os_error(errno);
+    let cmd = &spec.argv[0];
+    if stage == Stage::Exec {
+        let kind = match errno {
+            libc::ENOENT | libc::ENOTDIR => SpawnErrorKind::NotFound,
+            _ => SpawnErrorKind::NotExecutable,
+        };
+        let message = match kind {
+            SpawnErrorKind::NotFound => format!("command not found in the sandbox: {cmd}"),
+            _ => format!("cannot execute {cmd} in the sandbox: {err}"),
+        };
+        return SpawnError { kind, message };
+    }
+    let what = prepared.describe(stage, index);
+    setup_error(format!("sandbox setup failed: cannot {what}: {err}"))
+}
+
+fn write_id_maps(pid: i32, host: u32, count: u32) -> Result<()> {
+    let proc = Path::new("/proc").join(pid.to_string());
+    std::fs::write(proc.join("setgroups"), "deny").context("setgroups")?;
+    let map = format!("0 {host} {count}\n");
+    std::fs::write(proc.join("uid_map"), &map).context("uid_map")?;
+    std::fs::write(proc.join("gid_map"), &map).context("gid_map")?;
+    Ok(())
+}
+
+fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid out-array of two ints.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: socketpair returned two new descriptors we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+pub(crate) fn cstring(s: impl Into<Vec<u8>>) -> Result<CString> {
+    CString::new(s).context("string contains a NUL byte")
+}

@@ -1,0 +1,78 @@
+//! The `skiff` command line.
+
+mod admin;
+mod log;
+mod records;
+mod run;
+mod units;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// skiff: millisecond function sandboxes for Linux.
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    /// Data directory: pools, sandbox records, logs.
+    #[arg(long, global = true, env = "SKIFF_DATA", default_value = "/var/lib/skiff")]
+    data: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command in a new sandbox, like `docker run`.
+    Run(run::RunArgs),
+    /// List sandboxes.
+    Ps {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Signal a sandbox (SIGKILL by default, then free its resources).
+    Kill {
+        /// Signal name or number (KILL, TERM, INT, HUP, USR1, USR2, 9, ...).
+        #[arg(short, long, default_value = "KILL")]
+        signal: String,
+        /// Sandbox id (or a unique prefix).
+        id: String,
+    },
+    /// Remove what crashed skiff processes left behind and report it.
+    Gc {
+        /// Also remove the cgroup and network namespace pools themselves.
+        #[arg(long)]
+        pools: bool,
+    },
+    /// Show the sandbox pools, or resize the cgroup pool.
+    Pool {
+        /// Number of pre-created cgroup slots.
+        #[arg(long)]
+        size: Option<usize>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let data = cli.data;
+    let result = match cli.command {
+        Command::Run(args) => run::run(&data, args),
+        Command::Ps { json } => admin::ps(&data, json).map(|()| 0),
+        Command::Kill { signal, id } => admin::kill(&data, &id, &signal).map(|()| 0),
+        Command::Gc { pools } => admin::gc(&data, pools).map(|()| 0),
+        Command::Pool { size } => admin::pool(&data, size).map(|()| 0),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(err) => {
+            let code = err
+                .downcast_ref::<run::Failure>()
+                .map_or(125, |f| f.exit_code);
+            // One line: the chain of causes joined, as users grep for it.
+            eprintln!("skiff: error: {err:#}");
+            ExitCode::from(code)
+        }
+    }
+}
