@@ -41,7 +41,7 @@ impl Hierarchy {
     pub fn detect() -> Result<Hierarchy> {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
             .context("cannot read /proc/self/mountinfo")?;
-        let own = std::fs::read_to_string("/proc/self/cgroup")
+        let own = crate::read_small(Path::new("/proc/self/cgroup"))
             .context("cannot read /proc/self/cgroup")?;
         Hierarchy::parse(&mountinfo, &own)
     }
@@ -65,7 +65,7 @@ impl Hierarchy {
                     let path = own_path(own, |c| c.is_empty())
                         .map(|p| mount_point.join(p.trim_start_matches('/')));
                     if let Some(dir) = path {
-                        let controllers = std::fs::read_to_string(dir.join("cgroup.controllers"))
+                        let controllers = crate::read_small(&dir.join("cgroup.controllers"))
                             .unwrap_or_default()
                             .split_whitespace()
                             .map(str::to_owned)
@@ -75,12 +75,16 @@ impl Hierarchy {
                 }
                 "cgroup" if root == "/" => {
                     for option in rfields[2].split(',') {
-                        if !V1_CONTROLLERS.contains(&option) || v1.iter().any(|(c, _)| c == option) {
+                        if !V1_CONTROLLERS.contains(&option) || v1.iter().any(|(c, _)| c == option)
+                        {
                             continue;
                         }
                         let path = own_path(own, |cs| cs.split(',').any(|c| c == option));
                         if let Some(p) = path {
-                            v1.push((option.to_owned(), mount_point.join(p.trim_start_matches('/'))));
+                            v1.push((
+                                option.to_owned(),
+                                mount_point.join(p.trim_start_matches('/')),
+                            ));
                         }
                     }
                 }
@@ -172,7 +176,10 @@ mod tests {
         let v2 = "30 25 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
         let h = Hierarchy::parse(v2, "0::/user.slice/skiff\n").unwrap();
         assert_eq!(h.layout, Layout::V2);
-        assert_eq!(h.v2.unwrap().0, PathBuf::from("/sys/fs/cgroup/user.slice/skiff"));
+        assert_eq!(
+            h.v2.unwrap().0,
+            PathBuf::from("/sys/fs/cgroup/user.slice/skiff")
+        );
 
         let v1 = "\
 31 30 0:27 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
@@ -182,7 +189,10 @@ mod tests {
         let own = "3:cpu,cpuacct:/a\n2:memory:/a\n1:pids:/a\n";
         let h = Hierarchy::parse(v1, own).unwrap();
         assert_eq!(h.layout, Layout::V1);
-        assert_eq!(h.v1_dir("cpu").unwrap(), Path::new("/sys/fs/cgroup/cpu,cpuacct/a"));
+        assert_eq!(
+            h.v1_dir("cpu").unwrap(),
+            Path::new("/sys/fs/cgroup/cpu,cpuacct/a")
+        );
     }
 
     #[test]

@@ -70,9 +70,31 @@ pub trait Backend: Send + Sync {
     fn memory_usage(&self, slot: &str) -> Result<u64>;
 }
 
+/// Reads a small pseudo-file (cgroup and /proc files) in one `read`, skipping the
+/// `statx` and growing reads of `fs::read_to_string`, which show on the hot path.
+pub fn read_small(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = [0u8; 4096];
+    let mut len = 0;
+    loop {
+        let n = file.read(&mut buf[len..])?;
+        if n == 0 || len + n == buf.len() {
+            len += n;
+            break;
+        }
+        len += n;
+    }
+    if len == buf.len() {
+        // Larger than a page: fall back to the general path.
+        return std::fs::read_to_string(path);
+    }
+    Ok(String::from_utf8_lossy(&buf[..len]).into_owned())
+}
+
 pub(crate) fn read_trimmed(path: &std::path::Path) -> Result<String> {
     use anyhow::Context;
-    Ok(std::fs::read_to_string(path)
+    Ok(read_small(path)
         .with_context(|| format!("cannot read {}", path.display()))?
         .trim()
         .to_owned())

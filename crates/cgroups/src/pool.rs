@@ -41,16 +41,28 @@ impl CgroupPool {
         let state = data.join("pool").join("cgroups");
         let claims =
             Claims::new(&state).with_context(|| format!("cannot create {}", state.display()))?;
-        let v1_root = |c: &str| hierarchy.v1_dir(c).map(|d| d.join(&name)).unwrap_or_default();
+        let v1_root = |c: &str| {
+            hierarchy
+                .v1_dir(c)
+                .map(|d| d.join(&name))
+                .unwrap_or_default()
+        };
         let v1 = || V1::new(v1_root("memory"), v1_root("cpu"), v1_root("pids"));
         let v2 = |limits| {
-            let own = hierarchy.v2.as_ref().map(|(d, _)| d.clone()).unwrap_or_default();
+            let own = hierarchy
+                .v2
+                .as_ref()
+                .map(|(d, _)| d.clone())
+                .unwrap_or_default();
             V2::new(own.clone(), own.join(&name), limits)
         };
         let backend: Box<dyn Backend> = match hierarchy.layout {
             Layout::V1 => Box::new(v1()),
             Layout::V2 => Box::new(v2(true)),
-            Layout::Hybrid => Box::new(Hybrid { v1: v1(), v2: v2(false) }),
+            Layout::Hybrid => Box::new(Hybrid {
+                v1: v1(),
+                v2: v2(false),
+            }),
         };
         Ok(CgroupPool {
             backend,
@@ -76,7 +88,9 @@ impl CgroupPool {
 
     /// The configured number of slots (0 before first use).
     pub fn size(&self) -> Result<usize> {
-        self.claims.size().context("cannot read the cgroup pool's size")
+        self.claims
+            .size()
+            .context("cannot read the cgroup pool's size")
     }
 
     /// Creates (or re-creates, after a reboot) the cgroups of `size` slots and removes
@@ -114,13 +128,12 @@ impl CgroupPool {
         match self.prepare(index, limits) {
             Ok(ready) => Ok(ready),
             // The cgroups vanish with a reboot while our claims persist: re-create them.
-            Err(_) if !self.dirs(index).iter().all(|d| d.exists()) => {
-                self.resize(size)
-                    .and_then(|()| self.prepare(index, limits))
-                    .inspect_err(|_| {
-                        let _ = self.claims.release(index);
-                    })
-            }
+            Err(_) if !self.dirs(index).iter().all(|d| d.exists()) => self
+                .resize(size)
+                .and_then(|()| self.prepare(index, limits))
+                .inspect_err(|_| {
+                    let _ = self.claims.release(index);
+                }),
             Err(e) => {
                 let _ = self.claims.release(index);
                 Err(e)
@@ -207,8 +220,12 @@ impl CgroupPool {
         let mut removed = Vec::new();
         for slot in 0..self.size()? {
             let name = slot.to_string();
-            let present: Vec<PathBuf> =
-                self.backend.dirs(&name).into_iter().filter(|d| d.exists()).collect();
+            let present: Vec<PathBuf> = self
+                .backend
+                .dirs(&name)
+                .into_iter()
+                .filter(|d| d.exists())
+                .collect();
             self.empty(slot)?;
             self.backend.remove(&name)?;
             removed.extend(present);

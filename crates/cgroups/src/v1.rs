@@ -43,7 +43,8 @@ impl Backend for V1 {
         for dir in self.dirs(slot) {
             match std::fs::create_dir(&dir) {
                 Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                    return Err(e).with_context(|| format!("cannot create cgroup {}", dir.display()))
+                    return Err(e)
+                        .with_context(|| format!("cannot create cgroup {}", dir.display()))
                 }
                 _ => {}
             }
@@ -58,7 +59,8 @@ impl Backend for V1 {
         for dir in self.dirs(slot) {
             match std::fs::remove_dir(&dir) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(e).with_context(|| format!("cannot remove cgroup {}", dir.display()))
+                    return Err(e)
+                        .with_context(|| format!("cannot remove cgroup {}", dir.display()))
                 }
                 _ => {}
             }
@@ -72,11 +74,18 @@ impl Backend for V1 {
         // memsw (memory+swap) must stay >= the memory limit: raise memory first when
         // growing, memsw first when shrinking; equal values forbid swap.
         let memsw = memory.join("memory.memsw.limit_in_bytes");
+        // Kernels without swap accounting have no memsw file: nothing to set then.
+        let set_memsw = || match std::fs::write(&memsw, &bytes) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("cannot write {bytes} to {}", memsw.display()))
+            }
+            _ => Ok(()),
+        };
         if write_file(&memory.join("memory.limit_in_bytes"), &bytes).is_err() {
-            write_file(&memsw, &bytes)?;
+            set_memsw()?;
             write_file(&memory.join("memory.limit_in_bytes"), &bytes)?;
-        } else if memsw.exists() {
-            write_file(&memsw, &bytes)?;
+        } else {
+            set_memsw()?;
         }
         let quota = (limits.cpus * CPU_PERIOD_US as f64).round() as u64;
         write_file(

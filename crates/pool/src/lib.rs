@@ -46,10 +46,9 @@ impl Claims {
     /// The configured number of slots (0 before the pool was first made).
     pub fn size(&self) -> io::Result<usize> {
         match std::fs::read_to_string(self.state.join("size")) {
-            Ok(text) => text
-                .trim()
-                .parse()
-                .map_err(|_| io::Error::other(format!("corrupt {}", self.state.join("size").display()))),
+            Ok(text) => text.trim().parse().map_err(|_| {
+                io::Error::other(format!("corrupt {}", self.state.join("size").display()))
+            }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
             Err(e) => Err(e),
         }
@@ -122,8 +121,7 @@ impl Claims {
             ) else {
                 continue; // released while we looked
             };
-            let changed = SystemTime::UNIX_EPOCH
-                + Duration::new(meta_ctime(&meta), 0);
+            let changed = SystemTime::UNIX_EPOCH + Duration::new(meta_ctime(&meta), 0);
             claims.push(Claim {
                 slot,
                 owner: target.to_string_lossy().into_owned(),
@@ -150,7 +148,8 @@ mod tests {
     use super::*;
 
     fn scratch(name: &str) -> Claims {
-        let dir = std::env::temp_dir().join(format!("skiff-pool-test-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("skiff-pool-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         Claims::new(dir).unwrap()
     }
@@ -161,7 +160,12 @@ mod tests {
         assert_eq!(claims.claim(2, 0, "a").unwrap(), Some(0));
         assert_eq!(claims.claim(2, 0, "b").unwrap(), Some(1));
         assert_eq!(claims.claim(2, 1, "c").unwrap(), None);
-        let owners: Vec<_> = claims.list().unwrap().into_iter().map(|c| c.owner).collect();
+        let owners: Vec<_> = claims
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|c| c.owner)
+            .collect();
         assert_eq!(owners, ["a", "b"]);
         claims.release(0).unwrap();
         claims.release(0).unwrap();
@@ -179,7 +183,10 @@ mod tests {
                     s.spawn(move || claims.claim(8, t, &format!("t{t}")).unwrap())
                 })
                 .collect();
-            handles.into_iter().filter_map(|h| h.join().unwrap()).collect()
+            handles
+                .into_iter()
+                .filter_map(|h| h.join().unwrap())
+                .collect()
         });
         let mut sorted = won.clone();
         sorted.sort();

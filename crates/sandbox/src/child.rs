@@ -79,7 +79,9 @@ impl Stage {
             Stage::Seccomp,
             Stage::Exec,
         ];
-        ALL.into_iter().find(|s| *s as u16 == v).unwrap_or(Stage::Exec)
+        ALL.into_iter()
+            .find(|s| *s as u16 == v)
+            .unwrap_or(Stage::Exec)
     }
 }
 
@@ -87,7 +89,11 @@ impl Stage {
 pub(crate) enum Message {
     /// The child unshared its user namespace; the parent must write the id maps.
     NeedIdMaps,
-    Failed { stage: Stage, index: u16, errno: i32 },
+    Failed {
+        stage: Stage,
+        index: u16,
+        errno: i32,
+    },
 }
 
 impl Message {
@@ -213,8 +219,16 @@ impl<'a> Prepared<'a> {
             )),
             None => None,
         };
-        let argv: Vec<CString> = spec.argv.iter().map(|a| cstring(a.as_str())).collect::<Result<_>>()?;
-        let env: Vec<CString> = spec.env.iter().map(|e| cstring(e.as_str())).collect::<Result<_>>()?;
+        let argv: Vec<CString> = spec
+            .argv
+            .iter()
+            .map(|a| cstring(a.as_str()))
+            .collect::<Result<_>>()?;
+        let env: Vec<CString> = spec
+            .env
+            .iter()
+            .map(|e| cstring(e.as_str()))
+            .collect::<Result<_>>()?;
         let ptrs = |v: &[CString]| {
             v.iter()
                 .map(|c| c.as_ptr())
@@ -313,7 +327,9 @@ impl<'a> Prepared<'a> {
 }
 
 fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 fn fail(sock: RawFd, stage: Stage, index: usize, errno: i32) -> ! {
@@ -369,10 +385,20 @@ pub(crate) fn run(p: &Prepared, sock: RawFd) -> ! {
         }
     }
     for &fd in &p.join {
-        check!(sock, Stage::JoinCgroup, 0, libc::write(fd, b"0".as_ptr().cast(), 1));
+        check!(
+            sock,
+            Stage::JoinCgroup,
+            0,
+            libc::write(fd, b"0".as_ptr().cast(), 1)
+        );
     }
     // After joining, so the namespace's root is the sandbox's own cgroup.
-    check!(sock, Stage::CgroupNs, 0, libc::unshare(libc::CLONE_NEWCGROUP));
+    check!(
+        sock,
+        Stage::CgroupNs,
+        0,
+        libc::unshare(libc::CLONE_NEWCGROUP)
+    );
     if let Some(fd) = p.netns {
         check!(sock, Stage::Netns, 0, libc::setns(fd, libc::CLONE_NEWNET));
     }
@@ -380,14 +406,32 @@ pub(crate) fn run(p: &Prepared, sock: RawFd) -> ! {
     mount_root(p, sock);
 
     let host = &p.hostname;
-    check!(sock, Stage::Hostname, 0, libc::sethostname(host.as_ptr(), host.as_bytes().len()));
+    check!(
+        sock,
+        Stage::Hostname,
+        0,
+        libc::sethostname(host.as_ptr(), host.as_bytes().len())
+    );
     let nofile = libc::rlimit {
         rlim_cur: p.max_open_files,
         rlim_max: p.max_open_files,
     };
-    let nocore = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    check!(sock, Stage::Rlimit, 0, libc::setrlimit(libc::RLIMIT_NOFILE, &nofile));
-    check!(sock, Stage::Rlimit, 1, libc::setrlimit(libc::RLIMIT_CORE, &nocore));
+    let nocore = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    check!(
+        sock,
+        Stage::Rlimit,
+        0,
+        libc::setrlimit(libc::RLIMIT_NOFILE, &nofile)
+    );
+    check!(
+        sock,
+        Stage::Rlimit,
+        1,
+        libc::setrlimit(libc::RLIMIT_CORE, &nocore)
+    );
     check!(sock, Stage::SetIds, 0, libc::setgroups(0, std::ptr::null()));
 
     if p.user_ns {
@@ -395,7 +439,12 @@ pub(crate) fn run(p: &Prepared, sock: RawFd) -> ! {
         // namespace, so root inside holds no power over them.
         check!(sock, Stage::UserNs, 0, libc::unshare(libc::CLONE_NEWUSER));
         let mut reply = [0u8; 1];
-        check!(sock, Stage::UserNs, 1, libc::write(sock, b"U".as_ptr().cast(), 1));
+        check!(
+            sock,
+            Stage::UserNs,
+            1,
+            libc::write(sock, b"U".as_ptr().cast(), 1)
+        );
         // SAFETY: one byte into a local buffer.
         if unsafe { libc::read(sock, reply.as_mut_ptr().cast(), 1) } != 1 {
             fail(sock, Stage::UserNs, 2, libc::EPIPE);
@@ -408,8 +457,17 @@ pub(crate) fn run(p: &Prepared, sock: RawFd) -> ! {
     if p.die_with_parent {
         // After the uid change, which would clear it. If the parent died before this,
         // its end of the socket is closed: give up rather than run unsupervised.
-        check!(sock, Stage::Caps, 1, libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL));
-        let mut pfd = libc::pollfd { fd: sock, events: 0, revents: 0 };
+        check!(
+            sock,
+            Stage::Caps,
+            1,
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL)
+        );
+        let mut pfd = libc::pollfd {
+            fd: sock,
+            events: 0,
+            revents: 0,
+        };
         // SAFETY: one pollfd on our own socket.
         if unsafe { libc::poll(&mut pfd, 1, 0) } > 0 && pfd.revents & libc::POLLHUP != 0 {
             // SAFETY: plain exit.
@@ -424,11 +482,26 @@ pub(crate) fn run(p: &Prepared, sock: RawFd) -> ! {
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
         // Every inherited descriptor but the standard streams closes at exec.
-        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
     }
-    check!(sock, Stage::NoNewPrivs, 0, libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
+    check!(
+        sock,
+        Stage::NoNewPrivs,
+        0,
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    );
     if let Err(e) = p.filter.apply() {
-        fail(sock, Stage::Seccomp, 0, e.raw_os_error().unwrap_or(libc::EINVAL));
+        fail(
+            sock,
+            Stage::Seccomp,
+            0,
+            e.raw_os_error().unwrap_or(libc::EINVAL),
+        );
     }
     let mut first_error = libc::ENOENT;
     for cand in &p.candidates {
@@ -448,15 +521,48 @@ fn mount_root(p: &Prepared, sock: RawFd) {
     let none = None;
     let nosuid_nodev = (libc::MS_NOSUID | libc::MS_NODEV) as libc::c_ulong;
     let nosuid_nodev_noexec = nosuid_nodev | libc::MS_NOEXEC;
-    check!(sock, Stage::Private, 0, mount(&s.slash, &s.slash, none, libc::MS_REC | libc::MS_PRIVATE, none));
-    check!(sock, Stage::BindRoot, 0, mount(&p.root, &p.root, none, libc::MS_BIND, none));
+    check!(
+        sock,
+        Stage::Private,
+        0,
+        mount(
+            &s.slash,
+            &s.slash,
+            none,
+            libc::MS_REC | libc::MS_PRIVATE,
+            none
+        )
+    );
+    check!(
+        sock,
+        Stage::BindRoot,
+        0,
+        mount(&p.root, &p.root, none, libc::MS_BIND, none)
+    );
     check!(
         sock,
         Stage::RemountRoot,
         0,
-        mount(&p.root, &p.root, none, libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | nosuid_nodev, none)
+        mount(
+            &p.root,
+            &p.root,
+            none,
+            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | nosuid_nodev,
+            none
+        )
     );
-    check!(sock, Stage::MountProc, 0, mount(&s.proc, &p.proc_dir, Some(&s.proc), nosuid_nodev_noexec, none));
+    check!(
+        sock,
+        Stage::MountProc,
+        0,
+        mount(
+            &s.proc,
+            &p.proc_dir,
+            Some(&s.proc),
+            nosuid_nodev_noexec,
+            none
+        )
+    );
     for (i, file) in p.masked_files.iter().enumerate() {
         if mount(&s.dev_null, file, none, libc::MS_BIND, none) < 0 && errno() != libc::ENOENT {
             fail(sock, Stage::MaskProc, i, errno());
@@ -464,7 +570,9 @@ fn mount_root(p: &Prepared, sock: RawFd) {
     }
     for (i, dir) in p.masked_dirs.iter().enumerate() {
         let flags = libc::MS_RDONLY | nosuid_nodev_noexec;
-        if mount(&s.tmpfs, dir, Some(&s.tmpfs), flags, Some(&s.opt_mask)) < 0 && errno() != libc::ENOENT {
+        if mount(&s.tmpfs, dir, Some(&s.tmpfs), flags, Some(&s.opt_mask)) < 0
+            && errno() != libc::ENOENT
+        {
             fail(sock, Stage::MaskProc, p.masked_files.len() + i, errno());
         }
     }
@@ -476,48 +584,159 @@ fn mount_root(p: &Prepared, sock: RawFd) {
             fail(sock, Stage::ReadonlyProc, i, errno());
         }
         let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | nosuid_nodev_noexec;
-        check!(sock, Stage::ReadonlyProc, i, mount(path, path, none, flags, none));
+        check!(
+            sock,
+            Stage::ReadonlyProc,
+            i,
+            mount(path, path, none, flags, none)
+        );
     }
 
-    check!(sock, Stage::MountDev, 0, mount(&s.tmpfs, &p.dev, Some(&s.tmpfs), (libc::MS_NOSUID | libc::MS_NOEXEC) as _, Some(&s.opt_dev)));
+    check!(
+        sock,
+        Stage::MountDev,
+        0,
+        mount(
+            &s.tmpfs,
+            &p.dev,
+            Some(&s.tmpfs),
+            (libc::MS_NOSUID | libc::MS_NOEXEC) as _,
+            Some(&s.opt_dev)
+        )
+    );
     for (i, (host, target)) in p.dev_nodes.iter().enumerate() {
-        check!(sock, Stage::DevNode, i, libc::mknod(target.as_ptr(), libc::S_IFREG | 0o666, 0));
-        check!(sock, Stage::DevNode, i, mount(host, target, none, libc::MS_BIND, none));
+        check!(
+            sock,
+            Stage::DevNode,
+            i,
+            libc::mknod(target.as_ptr(), libc::S_IFREG | 0o666, 0)
+        );
+        check!(
+            sock,
+            Stage::DevNode,
+            i,
+            mount(host, target, none, libc::MS_BIND, none)
+        );
     }
     for (i, (target, link)) in p.dev_links.iter().enumerate() {
-        check!(sock, Stage::DevLink, i, libc::symlink(target.as_ptr(), link.as_ptr()));
+        check!(
+            sock,
+            Stage::DevLink,
+            i,
+            libc::symlink(target.as_ptr(), link.as_ptr())
+        );
     }
-    check!(sock, Stage::DevShm, 0, libc::mkdir(p.dev_shm.as_ptr(), 0o1777));
-    check!(sock, Stage::DevShm, 0, mount(&s.tmpfs, &p.dev_shm, Some(&s.tmpfs), nosuid_nodev_noexec, Some(&s.opt_shm)));
-    check!(sock, Stage::MountTmp, 0, mount(&s.tmpfs, &p.tmp, Some(&s.tmpfs), nosuid_nodev, Some(&s.opt_tmp)));
+    check!(
+        sock,
+        Stage::DevShm,
+        0,
+        libc::mkdir(p.dev_shm.as_ptr(), 0o1777)
+    );
+    check!(
+        sock,
+        Stage::DevShm,
+        0,
+        mount(
+            &s.tmpfs,
+            &p.dev_shm,
+            Some(&s.tmpfs),
+            nosuid_nodev_noexec,
+            Some(&s.opt_shm)
+        )
+    );
+    check!(
+        sock,
+        Stage::MountTmp,
+        0,
+        mount(
+            &s.tmpfs,
+            &p.tmp,
+            Some(&s.tmpfs),
+            nosuid_nodev,
+            Some(&s.opt_tmp)
+        )
+    );
     for (i, path) in p.tmpfs.iter().enumerate() {
-        check!(sock, Stage::MountTmpfs, i, mount(&s.tmpfs, path, Some(&s.tmpfs), nosuid_nodev, Some(&s.opt_tmp)));
+        check!(
+            sock,
+            Stage::MountTmpfs,
+            i,
+            mount(
+                &s.tmpfs,
+                path,
+                Some(&s.tmpfs),
+                nosuid_nodev,
+                Some(&s.opt_tmp)
+            )
+        );
     }
     if let Some((src, dst)) = &p.work {
-        check!(sock, Stage::BindWork, 0, mount(src, dst, none, libc::MS_BIND, none));
+        check!(
+            sock,
+            Stage::BindWork,
+            0,
+            mount(src, dst, none, libc::MS_BIND, none)
+        );
         check!(
             sock,
             Stage::BindWork,
             1,
-            mount(dst, dst, none, libc::MS_BIND | libc::MS_REMOUNT | nosuid_nodev, none)
+            mount(
+                dst,
+                dst,
+                none,
+                libc::MS_BIND | libc::MS_REMOUNT | nosuid_nodev,
+                none
+            )
         );
     }
     // runc's trick: pivot onto the new root with the old one stacked beneath, then
     // detach the old one; no put_old directory is needed in a read-only rootfs.
     check!(sock, Stage::PivotRoot, 0, libc::chdir(p.root.as_ptr()));
-    check!(sock, Stage::PivotRoot, 1, libc::syscall(libc::SYS_pivot_root, s.dot.as_ptr(), s.dot.as_ptr()) as i32);
-    check!(sock, Stage::PivotRoot, 2, libc::umount2(s.dot.as_ptr(), libc::MNT_DETACH));
+    check!(
+        sock,
+        Stage::PivotRoot,
+        1,
+        libc::syscall(libc::SYS_pivot_root, s.dot.as_ptr(), s.dot.as_ptr()) as i32
+    );
+    check!(
+        sock,
+        Stage::PivotRoot,
+        2,
+        libc::umount2(s.dot.as_ptr(), libc::MNT_DETACH)
+    );
     check!(sock, Stage::PivotRoot, 3, libc::chdir(s.slash.as_ptr()));
 }
 
 fn drop_privileges(p: &Prepared, sock: RawFd) {
     // Lock root's special powers off before dropping: exec as uid 0 grants nothing.
     const SECBITS: libc::c_ulong = 0x01 | 0x02 | 0x08 | 0x20 | 0x40 | 0x80;
-    check!(sock, Stage::Caps, 0, libc::prctl(libc::PR_SET_SECUREBITS, SECBITS));
+    check!(
+        sock,
+        Stage::Caps,
+        0,
+        libc::prctl(libc::PR_SET_SECUREBITS, SECBITS)
+    );
     for cap in 0..=p.last_cap {
-        check!(sock, Stage::Caps, 2, libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong));
+        check!(
+            sock,
+            Stage::Caps,
+            2,
+            libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong)
+        );
     }
-    check!(sock, Stage::Caps, 3, libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0));
+    check!(
+        sock,
+        Stage::Caps,
+        3,
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0
+        )
+    );
     check!(sock, Stage::SetIds, 0, libc::setresgid(p.gid, p.gid, p.gid));
     check!(sock, Stage::SetIds, 0, libc::setresuid(p.uid, p.uid, p.uid));
     // uid 0 keeps its capability sets across setresuid: clear them explicitly.
@@ -537,6 +756,15 @@ fn drop_privileges(p: &Prepared, sock: RawFd) {
         version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
         pid: 0,
     };
-    let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
-    check!(sock, Stage::Caps, 4, libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as i32);
+    let data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    check!(
+        sock,
+        Stage::Caps,
+        4,
+        libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as i32
+    );
 }

@@ -23,7 +23,8 @@ pub struct NetnsPool {
 impl NetnsPool {
     pub fn open(data: &Path) -> Result<NetnsPool> {
         let state = data.join("pool").join("netns");
-        let claims = Claims::new(&state).with_context(|| format!("cannot create {}", state.display()))?;
+        let claims =
+            Claims::new(&state).with_context(|| format!("cannot create {}", state.display()))?;
         Ok(NetnsPool {
             ns_dir: state.join("ns"),
             claims,
@@ -74,8 +75,9 @@ impl NetnsPool {
         for slot in 0..size {
             let path = self.ns_dir.join(slot.to_string());
             if !is_nsfs(&path) {
-                create_namespace(&path)
-                    .with_context(|| format!("cannot create network namespace {}", path.display()))?;
+                create_namespace(&path).with_context(|| {
+                    format!("cannot create network namespace {}", path.display())
+                })?;
             }
         }
         for slot in size..self.claims.size()? {
@@ -88,7 +90,11 @@ impl NetnsPool {
     pub fn destroy(&self) -> Result<Vec<PathBuf>> {
         let _lock = self.claims.lock()?;
         if let Some(c) = self.claims.list()?.first() {
-            bail!("network namespace {} is in use by sandbox {}", c.slot, c.owner);
+            bail!(
+                "network namespace {} is in use by sandbox {}",
+                c.slot,
+                c.owner
+            );
         }
         let mut removed = Vec::new();
         if let Ok(entries) = std::fs::read_dir(&self.ns_dir) {
@@ -138,7 +144,14 @@ fn create_namespace(path: &Path) -> Result<()> {
             }
             loopback_up()?;
             let own = c"/proc/thread-self/ns/net";
-            if libc::mount(own.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) != 0 {
+            if libc::mount(
+                own.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ) != 0
+            {
                 return Err(std::io::Error::last_os_error()).context("bind mount");
             }
         }

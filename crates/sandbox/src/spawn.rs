@@ -119,11 +119,10 @@ impl Spawner {
             .map_err(|e| setup_error(format!("{e:#}")))?;
         let (parent_end, child_end) = seqpacket_pair().map_err(|e| setup_error(e.to_string()))?;
 
-        let mut flags = (libc::CLONE_NEWPID
-            | libc::CLONE_NEWNS
-            | libc::CLONE_NEWIPC
-            | libc::CLONE_NEWUTS) as u64
-            | CLONE_PIDFD;
+        let mut flags =
+            (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)
+                as u64
+                | CLONE_PIDFD;
         let mut pidfd: RawFd = -1;
         let mut args = CloneArgs {
             pidfd: &mut pidfd as *mut RawFd as u64,
@@ -188,19 +187,28 @@ impl Spawner {
                     if err.kind() == std::io::ErrorKind::Interrupted {
                         continue;
                     }
-                    return Err(setup_error(format!("lost the sandbox's setup channel: {err}")));
+                    return Err(setup_error(format!(
+                        "lost the sandbox's setup channel: {err}"
+                    )));
                 }
                 _ => {}
             }
             match child::Message::decode(&msg) {
                 child::Message::NeedIdMaps => {
-                    let map = spec.user_ns.expect("child asks for maps only with a user ns");
-                    write_id_maps(child.pid, map.host, map.count)
-                        .map_err(|e| setup_error(format!("cannot map user namespace ids: {e:#}")))?;
+                    let map = spec
+                        .user_ns
+                        .expect("child asks for maps only with a user ns");
+                    write_id_maps(child.pid, map.host, map.count).map_err(|e| {
+                        setup_error(format!("cannot map user namespace ids: {e:#}"))
+                    })?;
                     // SAFETY: one byte from a local buffer.
                     unsafe { libc::write(sock.as_raw_fd(), b"G".as_ptr().cast(), 1) };
                 }
-                child::Message::Failed { stage, index, errno } => {
+                child::Message::Failed {
+                    stage,
+                    index,
+                    errno,
+                } => {
                     let _ = child.wait();
                     return Err(describe_failure(spec, prepared, stage, index, errno));
                 }
@@ -229,8 +237,7 @@ impl Child {
 
     /// Reaps the child (blocking).
     pub fn wait(&self) -> std::io::Result<ExitStatus> {
-        wait_pidfd(self.pidfd.as_raw_fd(), 0)
-            .map(|s| s.expect("a blocking wait returns a status"))
+        wait_pidfd(self.pidfd.as_raw_fd(), 0).map(|s| s.expect("a blocking wait returns a status"))
     }
 
     /// Reaps the child if it has exited.
@@ -244,7 +251,14 @@ fn wait_pidfd(pidfd: RawFd, options: i32) -> std::io::Result<Option<ExitStatus>>
     loop {
         // SAFETY: zeroed siginfo is a valid out-parameter for waitid.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let r = unsafe { libc::waitid(P_PIDFD, pidfd as libc::id_t, &mut info, libc::WEXITED | options) };
+        let r = unsafe {
+            libc::waitid(
+                P_PIDFD,
+                pidfd as libc::id_t,
+                &mut info,
+                libc::WEXITED | options,
+            )
+        };
         if r < 0 {
             let err = std::io::Error::last_os_error();
             if err.kind() == std::io::ErrorKind::Interrupted {

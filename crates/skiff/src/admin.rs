@@ -145,7 +145,9 @@ pub fn gc(data: &Path, pools: bool) -> Result<()> {
     for slot in (0..cgroups.size()?).filter(|s| !claimed.contains(s)) {
         let stray = cgroups.empty(slot).unwrap_or(0);
         if stray > 0 {
-            removed.push(format!("{stray} stray processes in free cgroup slot {slot}"));
+            removed.push(format!(
+                "{stray} stray processes in free cgroup slot {slot}"
+            ));
         }
     }
     let netns = NetnsPool::open(data)?;

@@ -16,7 +16,12 @@ use clap::{Parser, Subcommand};
 #[command(version, about, long_about = None)]
 struct Cli {
     /// Data directory: pools, sandbox records, logs.
-    #[arg(long, global = true, env = "SKIFF_DATA", default_value = "/var/lib/skiff")]
+    #[arg(
+        long,
+        global = true,
+        env = "SKIFF_DATA",
+        default_value = "/var/lib/skiff"
+    )]
     data: PathBuf,
     #[command(subcommand)]
     command: Command,

@@ -88,7 +88,7 @@ pub fn find(data: &Path, id: &str) -> Result<Record> {
 
 /// (start time, state) of `pid` from /proc/PID/stat.
 pub fn start_time(pid: i32) -> Option<(u64, char)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = skiff_cgroups::read_small(Path::new(&format!("/proc/{pid}/stat"))).ok()?;
     // The command name may hold spaces and parentheses: fields start after the last ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
     let mut fields = rest.split(' ');

@@ -102,12 +102,20 @@ fn limits(args: &RunArgs) -> Result<Limits> {
             total >> 20
         );
     }
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    // Not available_parallelism(): it reads cgroup files, which costs on the hot path.
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as f64;
     if !(0.01..=cpus).contains(&args.cpu) {
-        bail!("--cpu {} is out of range: it must be between 0.01 and {cpus}", args.cpu);
+        bail!(
+            "--cpu {} is out of range: it must be between 0.01 and {cpus}",
+            args.cpu
+        );
     }
     if !(1..=65536).contains(&args.pids) {
-        bail!("--pids {} is out of range: it must be between 1 and 65536", args.pids);
+        bail!(
+            "--pids {} is out of range: it must be between 1 and 65536",
+            args.pids
+        );
     }
     Ok(Limits {
         memory_bytes,
@@ -152,6 +160,7 @@ impl Claimed<'_> {
 }
 
 pub fn run(data: &Path, args: RunArgs) -> Result<i32> {
+    let started = std::time::Instant::now();
     let limits = limits(&args)?;
     let (uid, gid) = parse_user(&args)?;
     for var in &args.env {
@@ -165,10 +174,13 @@ pub fn run(data: &Path, args: RunArgs) -> Result<i32> {
     let id = units::new_id();
 
     let cgroups = CgroupPool::open(data)?;
+    debug!("{:?}: pool opened", started.elapsed());
     let (slot, entry) = match cgroups.acquire(&id, &limits) {
         Ok(claimed) => claimed,
         // A full pool may only hold claims of sandboxes that died unnoticed.
-        Err(_) if crate::admin::reclaim_dead(data, &cgroups)? > 0 => cgroups.acquire(&id, &limits)?,
+        Err(_) if crate::admin::reclaim_dead(data, &cgroups)? > 0 => {
+            cgroups.acquire(&id, &limits)?
+        }
         Err(e) => return Err(e),
     };
     let netns_pool;
@@ -213,9 +225,17 @@ pub fn run(data: &Path, args: RunArgs) -> Result<i32> {
         None
     };
     if entry.clone_into.is_some() {
-        debug!("spawning {id} with clone3 CLONE_INTO_CGROUP into {:?}", cgroups.dirs(claimed.slot.index));
+        debug!(
+            "spawning {id} with clone3 CLONE_INTO_CGROUP into {:?}",
+            cgroups.dirs(claimed.slot.index)
+        );
     }
 
+    debug!(
+        "{:?}: cgroup slot {} acquired",
+        started.elapsed(),
+        claimed.slot.index
+    );
     let signals = (!args.detach).then(block_forwarded_signals).transpose()?;
     let child = match spawner.spawn(&spec, &entry) {
         Ok(child) => child,
@@ -247,7 +267,7 @@ pub fn run(data: &Path, args: RunArgs) -> Result<i32> {
         command: args.command.clone(),
     };
     record.save(data)?;
-    debug!("started {id} as pid {} in cgroup slot {}", child.pid, claimed.slot.index);
+    debug!("{:?}: started {id} as pid {}", started.elapsed(), child.pid);
     if args.detach {
         println!("{id}");
         return Ok(0);

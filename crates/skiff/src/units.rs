@@ -5,7 +5,10 @@ use anyhow::{bail, Context, Result};
 /// `128M`, `1G`, `512k`, `1048576`: bytes.
 pub fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
-    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len()));
+    let (digits, unit) = t.split_at(
+        t.find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(t.len()),
+    );
     let shift = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
         "" => 0,
         "K" => 10,
