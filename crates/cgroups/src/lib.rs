@@ -68,6 +68,9 @@ pub trait Backend: Send + Sync {
     /// Cumulative count of OOM kills in `slot`.
     fn oom_kills(&self, slot: &str) -> Result<u64>;
     fn memory_usage(&self, slot: &str) -> Result<u64>;
+    /// Drops what an empty `slot` still has charged (page cache of files the last
+    /// sandbox read), so the next sandbox starts with its whole memory limit.
+    fn reset(&self, slot: &str) -> Result<()>;
 }
 
 /// Reads a small pseudo-file (cgroup and /proc files) in one `read`, skipping the

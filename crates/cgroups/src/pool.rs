@@ -173,9 +173,10 @@ impl CgroupPool {
         self.backend.procs(&slot.to_string())
     }
 
-    /// Kills what is left in `slot`, waits for it to empty, and frees it.
+    /// Kills what is left in `slot`, waits for it to empty, resets it, and frees it.
     pub fn release(&self, slot: usize) -> Result<()> {
         self.empty(slot)?;
+        self.backend.reset(&slot.to_string())?;
         self.claims.release(slot)?;
         Ok(())
     }

@@ -141,4 +141,11 @@ impl Backend for V1 {
         let text = read_trimmed(&self.memory.join(slot).join("memory.usage_in_bytes"))?;
         text.parse().context("bad memory.usage_in_bytes")
     }
+
+    fn reset(&self, slot: &str) -> Result<()> {
+        if self.memory_usage(slot)? > 0 {
+            write_file(&self.memory.join(slot).join("memory.force_empty"), "0")?;
+        }
+        Ok(())
+    }
 }

@@ -148,6 +148,19 @@ impl Backend for V2 {
             .parse()
             .context("bad memory.current")
     }
+
+    fn reset(&self, slot: &str) -> Result<()> {
+        if !self.limits {
+            return Ok(());
+        }
+        let usage = self.memory_usage(slot)?;
+        if usage > 0 {
+            // memory.reclaim (Linux 5.19) may stop short (EAGAIN): what is left is
+            // reclaimable and costs the next sandbox nothing it cannot get back.
+            let _ = std::fs::write(self.root.join(slot).join("memory.reclaim"), usage.to_string());
+        }
+        Ok(())
+    }
 }
 
 /// Hybrid hosts: limits from v1, tracking and spawning from the controller-less v2 tree.
@@ -193,5 +206,8 @@ impl Backend for Hybrid {
     }
     fn memory_usage(&self, slot: &str) -> Result<u64> {
         self.v1.memory_usage(slot)
+    }
+    fn reset(&self, slot: &str) -> Result<()> {
+        self.v1.reset(slot)
     }
 }

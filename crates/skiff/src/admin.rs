@@ -96,8 +96,7 @@ fn cleanup(data: &Path, record: &Record) -> Result<()> {
 }
 
 /// Releases the claims of recorded sandboxes whose process is gone. Returns how many.
-pub fn reclaim_dead(data: &Path, cgroups: &CgroupPool) -> Result<usize> {
-    let _ = cgroups;
+pub fn reclaim_dead(data: &Path) -> Result<usize> {
     let mut reclaimed = 0;
     for record in records::load_all(data)? {
         if !record.is_alive() {

@@ -178,7 +178,7 @@ pub fn run(data: &Path, args: RunArgs) -> Result<i32> {
     let (slot, entry) = match cgroups.acquire(&id, &limits) {
         Ok(claimed) => claimed,
         // A full pool may only hold claims of sandboxes that died unnoticed.
-        Err(_) if crate::admin::reclaim_dead(data, &cgroups)? > 0 => {
+        Err(_) if crate::admin::reclaim_dead(data)? > 0 => {
             cgroups.acquire(&id, &limits)?
         }
         Err(e) => return Err(e),

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what skiff's build, demo and tests need on a fresh Debian machine (as root).
+# Quick when everything is already there.
+set -euo pipefail
+need=()
+command -v busybox >/dev/null && [ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q static || need+=(busybox-static)
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+command -v cpio >/dev/null || need+=(cpio)
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
+command -v file >/dev/null || need+=(file)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "deps: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q "${need[@]}" >/dev/null
+fi
+command -v cargo >/dev/null || { echo "deps: cargo (Rust) is required: https://rustup.rs" >&2; exit 1; }
