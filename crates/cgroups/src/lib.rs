@@ -38,6 +38,11 @@ impl Default for Limits {
     }
 }
 
+/// Charge an empty slot may keep: the kernel objects of the last sandbox (~100 KB) are
+/// freed lazily and cannot be forced out, so only page cache above this is worth the
+/// milliseconds a forced reclaim costs.
+pub(crate) const RESET_THRESHOLD: u64 = 1 << 20;
+
 /// The CFS period skiff uses on both versions; quota = cpus × period.
 pub(crate) const CPU_PERIOD_US: u64 = 100_000;
 

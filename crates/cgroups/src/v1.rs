@@ -143,7 +143,7 @@ impl Backend for V1 {
     }
 
     fn reset(&self, slot: &str) -> Result<()> {
-        if self.memory_usage(slot)? > 0 {
+        if self.memory_usage(slot)? > crate::RESET_THRESHOLD {
             write_file(&self.memory.join(slot).join("memory.force_empty"), "0")?;
         }
         Ok(())

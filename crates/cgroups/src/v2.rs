@@ -154,10 +154,13 @@ impl Backend for V2 {
             return Ok(());
         }
         let usage = self.memory_usage(slot)?;
-        if usage > 0 {
+        if usage > crate::RESET_THRESHOLD {
             // memory.reclaim (Linux 5.19) may stop short (EAGAIN): what is left is
             // reclaimable and costs the next sandbox nothing it cannot get back.
-            let _ = std::fs::write(self.root.join(slot).join("memory.reclaim"), usage.to_string());
+            let _ = std::fs::write(
+                self.root.join(slot).join("memory.reclaim"),
+                usage.to_string(),
+            );
         }
         Ok(())
     }

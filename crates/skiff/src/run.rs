@@ -178,9 +178,7 @@ pub fn run(data: &Path, args: RunArgs) -> Result<i32> {
     let (slot, entry) = match cgroups.acquire(&id, &limits) {
         Ok(claimed) => claimed,
         // A full pool may only hold claims of sandboxes that died unnoticed.
-        Err(_) if crate::admin::reclaim_dead(data)? > 0 => {
-            cgroups.acquire(&id, &limits)?
-        }
+        Err(_) if crate::admin::reclaim_dead(data)? > 0 => cgroups.acquire(&id, &limits)?,
         Err(e) => return Err(e),
     };
     let netns_pool;
@@ -274,9 +272,11 @@ pub fn run(data: &Path, args: RunArgs) -> Result<i32> {
     }
 
     let status = supervise(&child, signals.as_ref().expect("foreground blocks signals"))?;
+    debug!("{:?}: sandbox exited: {status:?}", started.elapsed());
     let oom = cgroups.oom_killed(&claimed.slot);
     claimed.release()?;
     record.remove(data);
+    debug!("{:?}: resources released", started.elapsed());
     if oom {
         eprintln!(
             "skiff: sandbox {id} killed: out of memory (limit {})",
