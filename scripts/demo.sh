@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 cargo build --release -p skiff
-skiff=target/x86_64-unknown-linux-gnu/release/skiff
+skiff=target/x86_64-unknown-linux-musl/release/skiff
 export SKIFF_DATA=${SKIFF_DATA:-/var/lib/skiff}
 rootfs=target/demo-rootfs
 mkdir -p "$rootfs"/{bin,proc,dev,tmp}

@@ -15,3 +15,4 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -q "${need[@]}" >/dev/null
 fi
 command -v cargo >/dev/null || { echo "deps: cargo (Rust) is required: https://rustup.rs" >&2; exit 1; }
+rustup target list --installed 2>/dev/null | grep -q x86_64-unknown-linux-musl || rustup target add x86_64-unknown-linux-musl

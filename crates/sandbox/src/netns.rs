@@ -180,11 +180,11 @@ unsafe fn loopback_up() -> Result<()> {
     };
     req.name[..2].copy_from_slice(b"lo");
     let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
-    if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) != 0 {
+    if libc::ioctl(fd, libc::SIOCGIFFLAGS as _, &mut req) != 0 {
         return Err(std::io::Error::last_os_error()).context("SIOCGIFFLAGS lo");
     }
     req.flags |= libc::IFF_UP as libc::c_short;
-    if libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) != 0 {
+    if libc::ioctl(fd, libc::SIOCSIFFLAGS as _, &req) != 0 {
         return Err(std::io::Error::last_os_error()).context("SIOCSIFFLAGS lo");
     }
     Ok(())
