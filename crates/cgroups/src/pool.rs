@@ -36,11 +36,11 @@ pub struct Slot {
 impl CgroupPool {
     /// The pool of the data directory `data` (its state lives in `data/pool/cgroups`).
     pub fn open(data: &Path) -> Result<CgroupPool> {
-        let hierarchy = Hierarchy::detect()?;
         let name = pool_name(data);
         let state = data.join("pool").join("cgroups");
         let claims =
             Claims::new(&state).with_context(|| format!("cannot create {}", state.display()))?;
+        let hierarchy = Hierarchy::detect_cached(&state.join("hierarchy"))?;
         let v1_root = |c: &str| {
             hierarchy
                 .v1_dir(c)
@@ -247,7 +247,7 @@ impl CgroupPool {
 
 /// `skiff-` and 8 hex digits of the FNV-1a hash of the data directory's absolute path.
 fn pool_name(data: &Path) -> String {
-    let path = std::fs::canonicalize(data).unwrap_or_else(|_| data.to_owned());
+    let path = std::path::absolute(data).unwrap_or_else(|_| data.to_owned());
     let hash = path
         .as_os_str()
         .as_encoded_bytes()

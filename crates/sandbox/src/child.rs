@@ -30,8 +30,6 @@ pub(crate) enum Stage {
     MaskProc,
     ReadonlyProc,
     MountDev,
-    DevNode,
-    DevLink,
     DevShm,
     MountTmp,
     MountTmpfs,
@@ -50,7 +48,7 @@ pub(crate) enum Stage {
 
 impl Stage {
     fn from_u16(v: u16) -> Stage {
-        const ALL: [Stage; 27] = [
+        const ALL: [Stage; 25] = [
             Stage::Stdio,
             Stage::JoinCgroup,
             Stage::CgroupNs,
@@ -62,8 +60,6 @@ impl Stage {
             Stage::MaskProc,
             Stage::ReadonlyProc,
             Stage::MountDev,
-            Stage::DevNode,
-            Stage::DevLink,
             Stage::DevShm,
             Stage::MountTmp,
             Stage::MountTmpfs,
@@ -122,13 +118,6 @@ const MASKED_FILES: [&str; 7] = [
 ];
 const MASKED_DIRS: [&str; 3] = ["acpi", "asound", "scsi"];
 const READONLY: [&str; 5] = ["bus", "fs", "irq", "sys", "sysrq-trigger"];
-const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
-const DEV_LINKS: [(&str, &str); 4] = [
-    ("/proc/self/fd", "fd"),
-    ("/proc/self/fd/0", "stdin"),
-    ("/proc/self/fd/1", "stdout"),
-    ("/proc/self/fd/2", "stderr"),
-];
 
 /// A spawn's strings and descriptors, made before the clone.
 pub(crate) struct Prepared<'a> {
@@ -141,9 +130,8 @@ pub(crate) struct Prepared<'a> {
     masked_files: Vec<CString>,
     masked_dirs: Vec<CString>,
     readonly: Vec<CString>,
+    dev_template: CString,
     dev: CString,
-    dev_nodes: Vec<(CString, CString)>,
-    dev_links: Vec<(CString, CString)>,
     dev_shm: CString,
     tmp: CString,
     tmpfs: Vec<CString>,
@@ -171,7 +159,6 @@ struct Consts {
     dev_null: CString,
     dot: CString,
     slash: CString,
-    opt_dev: CString,
     opt_shm: CString,
     opt_tmp: CString,
     opt_mask: CString,
@@ -198,14 +185,6 @@ impl<'a> Prepared<'a> {
         let readonly = READONLY
             .iter()
             .map(|f| under(&format!("proc/{f}")))
-            .collect::<Result<_>>()?;
-        let dev_nodes = DEV_NODES
-            .iter()
-            .map(|n| Ok((cstring(format!("/dev/{n}"))?, under(&format!("dev/{n}"))?)))
-            .collect::<Result<_>>()?;
-        let dev_links = DEV_LINKS
-            .iter()
-            .map(|(target, name)| Ok((cstring(*target)?, under(&format!("dev/{name}"))?)))
             .collect::<Result<_>>()?;
         let tmpfs = spec
             .tmpfs
@@ -245,9 +224,13 @@ impl<'a> Prepared<'a> {
             masked_files,
             masked_dirs,
             readonly,
+            dev_template: cstring(
+                spec.dev_template
+                    .clone()
+                    .into_os_string()
+                    .into_encoded_bytes(),
+            )?,
             dev: under("dev")?,
-            dev_nodes,
-            dev_links,
             dev_shm: under("dev/shm")?,
             tmp: under("tmp")?,
             tmpfs,
@@ -275,7 +258,6 @@ impl<'a> Prepared<'a> {
                 dev_null: cstring("/dev/null")?,
                 dot: cstring(".")?,
                 slash: cstring("/")?,
-                opt_dev: cstring("mode=755,size=64k")?,
                 opt_shm: cstring("mode=1777,size=64m")?,
                 opt_tmp: cstring("mode=1777")?,
                 opt_mask: cstring("size=0")?,
@@ -306,8 +288,6 @@ impl<'a> Prepared<'a> {
             ),
             Stage::ReadonlyProc => format!("make {} read-only", path(self.readonly.get(i))),
             Stage::MountDev => "mount /dev".into(),
-            Stage::DevNode => format!("bind {}", path(self.dev_nodes.get(i).map(|(_, t)| t))),
-            Stage::DevLink => format!("link {}", path(self.dev_links.get(i).map(|(_, l)| l))),
             Stage::DevShm => "mount /dev/shm".into(),
             Stage::MountTmp => "mount /tmp".into(),
             Stage::MountTmpfs => format!("mount a tmpfs on {}", path(self.tmpfs.get(i))),
@@ -597,40 +577,12 @@ fn mount_root(p: &Prepared, sock: RawFd) {
         Stage::MountDev,
         0,
         mount(
-            &s.tmpfs,
+            &p.dev_template,
             &p.dev,
-            Some(&s.tmpfs),
-            (libc::MS_NOSUID | libc::MS_NOEXEC) as _,
-            Some(&s.opt_dev)
+            none,
+            libc::MS_BIND | libc::MS_REC,
+            none
         )
-    );
-    for (i, (host, target)) in p.dev_nodes.iter().enumerate() {
-        check!(
-            sock,
-            Stage::DevNode,
-            i,
-            libc::mknod(target.as_ptr(), libc::S_IFREG | 0o666, 0)
-        );
-        check!(
-            sock,
-            Stage::DevNode,
-            i,
-            mount(host, target, none, libc::MS_BIND, none)
-        );
-    }
-    for (i, (target, link)) in p.dev_links.iter().enumerate() {
-        check!(
-            sock,
-            Stage::DevLink,
-            i,
-            libc::symlink(target.as_ptr(), link.as_ptr())
-        );
-    }
-    check!(
-        sock,
-        Stage::DevShm,
-        0,
-        libc::mkdir(p.dev_shm.as_ptr(), 0o1777)
     );
     check!(
         sock,

@@ -8,6 +8,7 @@
 //! seccomp allowlist, and `execve`.
 
 mod child;
+pub mod devices;
 pub mod netns;
 pub mod seccomp;
 mod spawn;

@@ -23,6 +23,8 @@ pub struct Spec {
     pub uid: u32,
     pub gid: u32,
     pub user_ns: Option<IdMap>,
+    /// The shared /dev template ([`crate::devices::ensure`]), bound as `/dev`.
+    pub dev_template: PathBuf,
     /// Bind-mounted read-write at `/work`.
     pub work: Option<PathBuf>,
     /// Extra volatile writable paths inside the rootfs.
@@ -41,7 +43,12 @@ pub struct Spec {
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl Spec {
-    pub fn new(id: &str, rootfs: impl Into<PathBuf>, argv: Vec<String>) -> Spec {
+    pub fn new(
+        id: &str,
+        rootfs: impl Into<PathBuf>,
+        dev_template: PathBuf,
+        argv: Vec<String>,
+    ) -> Spec {
         Spec {
             id: id.to_owned(),
             rootfs: rootfs.into(),
@@ -51,6 +58,7 @@ impl Spec {
             uid: 65534,
             gid: 65534,
             user_ns: None,
+            dev_template,
             work: None,
             tmpfs: Vec::new(),
             netns: None,

@@ -172,6 +172,9 @@ pub fn gc(data: &Path, pools: bool) -> Result<()> {
         for ns in netns.destroy()? {
             removed.push(format!("network namespace {}", ns.display()));
         }
+        if skiff_sandbox::devices::remove(data)? {
+            removed.push(format!("/dev template {}", data.join("pool/dev").display()));
+        }
     }
     for line in &removed {
         println!("removed {line}");

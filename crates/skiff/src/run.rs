@@ -187,7 +187,14 @@ pub fn run(data: &Path, args: RunArgs) -> Result<i32> {
         slot,
         netns: None,
     };
-    let mut spec = Spec::new(&id, &args.rootfs, args.command.clone());
+    let dev_template = match skiff_sandbox::devices::ensure(data) {
+        Ok(dir) => dir,
+        Err(e) => {
+            claimed.release()?;
+            return Err(e);
+        }
+    };
+    let mut spec = Spec::new(&id, &args.rootfs, dev_template, args.command.clone());
     if args.network == Network::None {
         netns_pool = NetnsPool::open(data)?;
         match netns_pool.acquire(&id) {
