@@ -114,6 +114,16 @@ pub(crate) fn write_file(path: &std::path::Path, value: &str) -> Result<()> {
         .with_context(|| format!("cannot write {value:?} to {}", path.display()))
 }
 
+/// Writes `value` unless the file already holds it. A reused slot mostly keeps its
+/// limits, and a read is far cheaper than a write here (cpu.cfs_quota_us walks the
+/// whole task-group tree under a global mutex).
+pub(crate) fn update_file(path: &std::path::Path, value: &str) -> Result<()> {
+    if read_small(path).is_ok_and(|current| current.trim() == value) {
+        return Ok(());
+    }
+    write_file(path, value)
+}
+
 pub(crate) fn parse_procs(text: &str) -> Vec<i32> {
     text.lines().filter_map(|l| l.trim().parse().ok()).collect()
 }

@@ -38,8 +38,10 @@ impl CgroupPool {
     pub fn open(data: &Path) -> Result<CgroupPool> {
         let name = pool_name(data);
         let state = data.join("pool").join("cgroups");
-        let claims =
-            Claims::new(&state).with_context(|| format!("cannot create {}", state.display()))?;
+        let run = skiff_pool::run_dir(data)
+            .with_context(|| format!("cannot mount the run directory in {}", data.display()))?;
+        let claims = Claims::new(&state, run.join("cgroups"))
+            .with_context(|| format!("cannot create {}", state.display()))?;
         let hierarchy = Hierarchy::detect_cached(&state.join("hierarchy"))?;
         let v1_root = |c: &str| {
             hierarchy

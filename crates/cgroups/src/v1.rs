@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 
 use crate::{
-    kill_pids, parse_procs, read_trimmed, write_file, Backend, Entry, Limits, CPU_PERIOD_US,
+    kill_pids, parse_procs, read_trimmed, update_file, write_file, Backend, Entry, Limits,
+    CPU_PERIOD_US,
 };
 
 pub(crate) struct V1 {
@@ -71,28 +72,31 @@ impl Backend for V1 {
     fn set_limits(&self, slot: &str, limits: &Limits) -> Result<()> {
         let memory = self.memory.join(slot);
         let bytes = limits.memory_bytes.to_string();
-        // memsw (memory+swap) must stay >= the memory limit: raise memory first when
-        // growing, memsw first when shrinking; equal values forbid swap.
-        let memsw = memory.join("memory.memsw.limit_in_bytes");
-        // Kernels without swap accounting have no memsw file: nothing to set then.
-        let set_memsw = || match std::fs::write(&memsw, &bytes) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(e).with_context(|| format!("cannot write {bytes} to {}", memsw.display()))
+        let limit = memory.join("memory.limit_in_bytes");
+        if !read_trimmed(&limit).is_ok_and(|current| current == bytes) {
+            // memsw (memory+swap) must stay >= the memory limit: raise memory first when
+            // growing, memsw first when shrinking; equal values forbid swap. Kernels
+            // without swap accounting have no memsw file: nothing to set then.
+            let memsw = memory.join("memory.memsw.limit_in_bytes");
+            let set_memsw = || match std::fs::write(&memsw, &bytes) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(e).with_context(|| format!("cannot write {bytes} to {}", memsw.display()))
+                }
+                _ => Ok(()),
+            };
+            if write_file(&limit, &bytes).is_err() {
+                set_memsw()?;
+                write_file(&limit, &bytes)?;
+            } else {
+                set_memsw()?;
             }
-            _ => Ok(()),
-        };
-        if write_file(&memory.join("memory.limit_in_bytes"), &bytes).is_err() {
-            set_memsw()?;
-            write_file(&memory.join("memory.limit_in_bytes"), &bytes)?;
-        } else {
-            set_memsw()?;
         }
         let quota = (limits.cpus * CPU_PERIOD_US as f64).round() as u64;
-        write_file(
+        update_file(
             &self.cpu.join(slot).join("cpu.cfs_quota_us"),
             &quota.to_string(),
         )?;
-        write_file(
+        update_file(
             &self.pids.join(slot).join("pids.max"),
             &limits.pids.to_string(),
         )

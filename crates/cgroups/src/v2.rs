@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use crate::{
-    kill_pids, parse_procs, read_trimmed, write_file, Backend, Entry, Limits, CPU_PERIOD_US,
+    kill_pids, parse_procs, read_trimmed, update_file, write_file, Backend, Entry, Limits,
+    CPU_PERIOD_US,
 };
 
 pub(crate) struct V2 {
@@ -99,14 +100,14 @@ impl Backend for V2 {
             return Ok(());
         }
         let dir = self.root.join(slot);
-        write_file(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
+        update_file(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
         let swap = dir.join("memory.swap.max");
         if swap.exists() {
-            write_file(&swap, "0")?;
+            update_file(&swap, "0")?;
         }
         let quota = (limits.cpus * CPU_PERIOD_US as f64).round() as u64;
-        write_file(&dir.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
-        write_file(&dir.join("pids.max"), &limits.pids.to_string())
+        update_file(&dir.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
+        update_file(&dir.join("pids.max"), &limits.pids.to_string())
     }
 
     fn entry(&self, slot: &str, entry: &mut Entry) -> Result<()> {

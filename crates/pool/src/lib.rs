@@ -1,7 +1,10 @@
 //! Claims on a fixed set of pre-created slots, shared by every skiff process on the node.
 //!
-//! A pool's state directory holds `size` (the number of slots), `lock` (taken while the
-//! resources are created or removed, never on the hot path) and `claims/`. A slot `i` is
+//! A pool's state directory holds `size` (the number of slots) and `lock` (taken while
+//! the resources are created or removed, never on the hot path); its claims live in the
+//! data directory's run directory ([`run_dir`]), a tmpfs: claims churn on every sandbox
+//! start, and on a disk file system each one allocates and frees an inode; they also
+//! vanish with a reboot, as the cgroups and namespaces they stand for do. A slot `i` is
 //! claimed by creating the symlink `claims/i` whose target names the owner
 //! (a sandbox id). `symlink(2)` creates exclusively and atomically, so a claim costs one
 //! syscall, carries its owner, and needs no lock and no daemon; a crashed owner leaves a
@@ -15,11 +18,78 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-/// The state directory of one pool.
+/// The state of one pool.
 #[derive(Debug, Clone)]
 pub struct Claims {
     state: PathBuf,
     dir: PathBuf,
+}
+
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// `DATA/run`: a tmpfs for state that lives as long as the kernel objects it describes
+/// (claims, records of running sandboxes). Mounted on first use, and again after a reboot.
+pub fn run_dir(data: &Path) -> io::Result<PathBuf> {
+    let dir = data.join("run");
+    if is_tmpfs(&dir) {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let _lock = lock_file(&data.join("run.lock"))?;
+    if !is_tmpfs(&dir) {
+        let target = CString::new(dir.as_os_str().as_bytes()).map_err(io::Error::other)?;
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        // SAFETY: valid C strings.
+        let r = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                flags,
+                c"mode=0700,size=64m".as_ptr().cast(),
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(dir)
+}
+
+/// Unmounts the run directory (with every claim and record in it).
+pub fn remove_run_dir(data: &Path) -> io::Result<bool> {
+    let dir = data.join("run");
+    if !is_tmpfs(&dir) {
+        return Ok(false);
+    }
+    let target = CString::new(dir.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: a valid C string.
+    if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let _ = std::fs::remove_dir(&dir);
+    let _ = std::fs::remove_file(data.join("run.lock"));
+    Ok(true)
+}
+
+pub fn is_tmpfs(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs into a zeroed local struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC }
+}
+
+/// Takes an exclusive lock on `path` (created if needed), held until the file is dropped.
+pub fn lock_file(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::create(path)?;
+    // SAFETY: a valid descriptor; the lock lives as long as the returned File.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(file)
 }
 
 /// A claim as found on disk.
@@ -32,9 +102,10 @@ pub struct Claim {
 }
 
 impl Claims {
-    pub fn new(state: impl Into<PathBuf>) -> io::Result<Claims> {
-        let state = state.into();
-        let dir = state.join("claims");
+    /// A pool whose size and lock live in `state` and whose claims live in `claims`.
+    pub fn new(state: impl Into<PathBuf>, claims: impl Into<PathBuf>) -> io::Result<Claims> {
+        let (state, dir) = (state.into(), claims.into());
+        std::fs::create_dir_all(&state)?;
         std::fs::create_dir_all(&dir)?;
         Ok(Claims { state, dir })
     }
@@ -70,13 +141,7 @@ impl Claims {
 
     /// Takes the pool's lock, held until the returned file is dropped.
     pub fn lock(&self) -> io::Result<std::fs::File> {
-        use std::os::fd::AsRawFd;
-        let file = std::fs::File::create(self.state.join("lock"))?;
-        // SAFETY: a valid descriptor; the lock lives as long as the returned File.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(file)
+        lock_file(&self.state.join("lock"))
     }
 
     /// Claims a free slot below `size` for `owner`, probing from `hint`. Returns `None`

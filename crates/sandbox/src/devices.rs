@@ -17,7 +17,6 @@ const LINKS: [(&str, &str); 4] = [
     ("/proc/self/fd/1", "stdout"),
     ("/proc/self/fd/2", "stderr"),
 ];
-const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 fn template_dir(data: &Path) -> PathBuf {
     data.join("pool").join("dev")
@@ -26,12 +25,11 @@ fn template_dir(data: &Path) -> PathBuf {
 /// The template's path, creating it if it is not mounted (first use, or after a reboot).
 pub fn ensure(data: &Path) -> Result<PathBuf> {
     let dir = template_dir(data);
-    if is_tmpfs(&dir) {
+    if skiff_pool::is_tmpfs(&dir) {
         return Ok(dir);
     }
-    let lock = skiff_pool::Claims::new(data.join("pool").join("dev-lock"))?;
-    let _held = lock.lock()?;
-    if !is_tmpfs(&dir) {
+    let _lock = skiff_pool::lock_file(&data.join("pool").join("dev.lock"))?;
+    if !skiff_pool::is_tmpfs(&dir) {
         create(&dir)
             .with_context(|| format!("cannot create the /dev template {}", dir.display()))?;
     }
@@ -41,7 +39,7 @@ pub fn ensure(data: &Path) -> Result<PathBuf> {
 /// Unmounts and removes the template; returns whether there was one.
 pub fn remove(data: &Path) -> Result<bool> {
     let dir = template_dir(data);
-    let mounted = is_tmpfs(&dir);
+    let mounted = skiff_pool::is_tmpfs(&dir);
     if mounted {
         let c = cstr(&dir)?;
         // SAFETY: a valid path; MNT_DETACH takes the node binds along.
@@ -51,7 +49,7 @@ pub fn remove(data: &Path) -> Result<bool> {
         }
     }
     let _ = std::fs::remove_dir(&dir);
-    let _ = std::fs::remove_dir_all(data.join("pool").join("dev-lock"));
+    let _ = std::fs::remove_file(data.join("pool").join("dev.lock"));
     Ok(mounted)
 }
 
@@ -111,11 +109,4 @@ fn mount(
 
 fn cstr(path: &Path) -> Result<CString> {
     Ok(CString::new(path.as_os_str().as_encoded_bytes())?)
-}
-
-fn is_tmpfs(path: &Path) -> bool {
-    let Ok(c) = cstr(path) else { return false };
-    // SAFETY: statfs into a zeroed local struct.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC }
 }

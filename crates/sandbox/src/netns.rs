@@ -23,8 +23,10 @@ pub struct NetnsPool {
 impl NetnsPool {
     pub fn open(data: &Path) -> Result<NetnsPool> {
         let state = data.join("pool").join("netns");
-        let claims =
-            Claims::new(&state).with_context(|| format!("cannot create {}", state.display()))?;
+        let run = skiff_pool::run_dir(data)
+            .with_context(|| format!("cannot mount the run directory in {}", data.display()))?;
+        let claims = Claims::new(&state, run.join("netns"))
+            .with_context(|| format!("cannot create {}", state.display()))?;
         Ok(NetnsPool {
             ns_dir: state.join("ns"),
             claims,

@@ -175,6 +175,9 @@ pub fn gc(data: &Path, pools: bool) -> Result<()> {
         if skiff_sandbox::devices::remove(data)? {
             removed.push(format!("/dev template {}", data.join("pool/dev").display()));
         }
+        if skiff_pool::remove_run_dir(data)? {
+            removed.push(format!("run directory {}", data.join("run").display()));
+        }
     }
     for line in &removed {
         println!("removed {line}");

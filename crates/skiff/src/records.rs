@@ -20,12 +20,15 @@ pub struct Record {
     pub command: Vec<String>,
 }
 
+/// Records live in the run directory (tmpfs): they churn on every start and mean
+/// nothing after a reboot.
 pub fn dir(data: &Path) -> PathBuf {
-    data.join("sandboxes")
+    data.join("run").join("sandboxes")
 }
 
+/// Detached sandboxes' output, kept on disk.
 pub fn log_path(data: &Path, id: &str) -> PathBuf {
-    dir(data).join(format!("{id}.log"))
+    data.join("logs").join(format!("{id}.log"))
 }
 
 impl Record {

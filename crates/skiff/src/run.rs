@@ -168,8 +168,9 @@ pub fn run(data: &Path, args: RunArgs) -> Result<i32> {
             bail!("--env {var:?}: expected KEY=VALUE");
         }
     }
-    std::fs::create_dir_all(records::dir(data))
-        .with_context(|| format!("cannot create the data directory {}", data.display()))?;
+    skiff_pool::run_dir(data)
+        .and_then(|_| std::fs::create_dir_all(records::dir(data)))
+        .with_context(|| format!("cannot set up the data directory {}", data.display()))?;
     let spawner = Spawner::new()?;
     let id = units::new_id();
 
@@ -222,7 +223,9 @@ pub fn run(data: &Path, args: RunArgs) -> Result<i32> {
     // Detached: no terminal to write to; output goes to the sandbox's log.
     let detached_stdio = if args.detach {
         let null = File::open("/dev/null")?;
-        let log = File::create(records::log_path(data, &id))?;
+        let log_path = records::log_path(data, &id);
+        std::fs::create_dir_all(log_path.parent().expect("logs have a directory"))?;
+        let log = File::create(log_path)?;
         spec.stdio = [null.as_raw_fd(), log.as_raw_fd(), log.as_raw_fd()];
         spec.die_with_parent = false;
         Some((null, log))
