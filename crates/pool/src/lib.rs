@@ -216,7 +216,7 @@ mod tests {
         let dir =
             std::env::temp_dir().join(format!("skiff-pool-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        Claims::new(dir).unwrap()
+        Claims::new(&dir, dir.join("claims")).unwrap()
     }
 
     #[test]
