@@ -75,6 +75,7 @@ fn slots_are_created_claimed_released_and_destroyed() {
             "pool root {dir:?} left behind"
         );
     }
+    skiff_pool::remove_run_dir(&data).unwrap();
     std::fs::remove_dir_all(&data).unwrap();
 }
 
@@ -98,5 +99,6 @@ fn release_kills_what_is_left() {
     assert!(!status.success(), "the leftover was killed");
     assert!(pool.procs(slot.index).unwrap().is_empty());
     pool.destroy().unwrap();
+    skiff_pool::remove_run_dir(&data).unwrap();
     std::fs::remove_dir_all(&data).unwrap();
 }
