@@ -1,6 +1,7 @@
 //! The `skiff` command line.
 
 mod admin;
+mod arena;
 mod log;
 mod records;
 mod run;
