@@ -36,23 +36,36 @@ pub fn ps(data: &Path, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     println!(
-        "{:<12}  {:>8}  {:<8}  {:>4}  {:>9}  {:>10}  COMMAND",
-        "ID", "PID", "STATUS", "SLOT", "MEMORY", "CREATED"
+        "{:<12}  {:>8}  {:<8}  {:>4}  {:>9}  {:>6}  COMMAND",
+        "ID", "PID", "STATUS", "SLOT", "MEMORY", "AGE"
     );
     for row in rows {
         println!(
-            "{:<12}  {:>8}  {:<8}  {:>4}  {:>8}K  {:>10}  {}",
+            "{:<12}  {:>8}  {:<8}  {:>4}  {:>8}K  {:>6}  {}",
             row["id"].as_str().unwrap_or(""),
             row["pid"],
             row["status"].as_str().unwrap_or(""),
             row["slot"],
             row["memory_bytes"].as_u64().unwrap_or(0) >> 10,
-            row["created_unix"],
+            age(now.saturating_sub(row["created_unix"].as_u64().unwrap_or(now))),
             row["command"].as_str().unwrap_or(""),
         );
     }
     Ok(())
+}
+
+/// `42s`, `7m`, `3h`, `2d`.
+fn age(secs: u64) -> String {
+    match secs {
+        0..60 => format!("{secs}s"),
+        60..3600 => format!("{}m", secs / 60),
+        3600..86400 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86400),
+    }
 }
 
 pub fn kill(data: &Path, id: &str, signal: &str) -> Result<()> {
