@@ -239,7 +239,7 @@ fn output_and_exit_codes_pass_through() {
         .unwrap();
     let mut ready = [0u8; 6];
     std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut ready).unwrap();
-    let (_, pid, _) = data.ps()[0].clone();
+    let pid = data.wait_for_one_sandbox();
     // SAFETY: signalling the sandbox this test started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     assert_eq!(child.wait().unwrap().code(), Some(137));
@@ -276,14 +276,14 @@ fn zombies_and_orphans_do_not_outlive_the_sandbox() {
     // Children that exit unwaited (zombies), and one that outlives its parent (orphan).
     let out = data.run(
         &[],
-        &sh("for i in 1 2 3; do (exit 0) & done; (sleep 60 &); echo $!; exit 0"),
+        &sh("for i in 1 2 3; do (exit 0) & done; (sleep 61 &); echo $!; exit 0"),
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(data.slots_in_use(), 0);
     let sleepers = std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| std::fs::read_to_string(e.unwrap().path().join("cmdline")).ok())
-        .filter(|c| c == "sleep\x0060\x00")
+        .filter(|c| c == "sleep\x0061\x00")
         .count();
     assert_eq!(sleepers, 0, "an orphan outlived its sandbox");
 }
@@ -369,7 +369,7 @@ fn gc_cleans_up_after_a_crashed_skiff() {
         .unwrap();
     let mut ready = [0u8; 6];
     std::io::Read::read_exact(cli.stdout.as_mut().unwrap(), &mut ready).unwrap();
-    let (_, pid, _) = data.ps()[0].clone();
+    let pid = data.wait_for_one_sandbox();
     cli.kill().unwrap();
     assert_eq!(cli.wait().unwrap().signal(), Some(libc::SIGKILL));
     // The sandbox dies with its skiff (parent-death signal).

@@ -112,6 +112,19 @@ impl Data {
             .collect()
     }
 
+    /// The host pid of the only sandbox, once its record is written (just after the
+    /// command started, so a test that saw its output may have to wait a moment).
+    pub fn wait_for_one_sandbox(&self) -> i32 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            if let [(_, pid, _)] = self.ps()[..] {
+                return pid;
+            }
+            assert!(std::time::Instant::now() < deadline, "no sandbox record");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     pub fn slots_in_use(&self) -> usize {
         let out = self.skiff(&["pool"]);
         stdout(&out)
