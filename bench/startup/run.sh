@@ -55,7 +55,7 @@ PY
 runc_ids=()
 cleanup() {
   for id in $(runc list -q 2>/dev/null | grep '^skb' || true); do runc delete -f "$id" >/dev/null 2>&1 || true; done
-  $skiff gc >/dev/null 2>&1 || true
+  $skiff gc --pools >/dev/null 2>&1 || true
   for d in /sys/fs/cgroup/*/skiff-bench-runc /sys/fs/cgroup/*/*/*/skiff-bench-runc; do
     [ -d "$d" ] && { rmdir "$d"/c* 2>/dev/null || true; rmdir "$d" 2>/dev/null || true; }
   done

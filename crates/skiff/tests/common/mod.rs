@@ -147,6 +147,10 @@ impl Data {
 
 impl Drop for Data {
     fn drop(&mut self) {
+        // A failed test may leave sandboxes running: end them first.
+        for (id, _, _) in self.ps() {
+            let _ = self.skiff(&["kill", &id]);
+        }
         let paths = self.pool_paths();
         let out = self.skiff(&["gc", "--pools"]);
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
