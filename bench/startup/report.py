@@ -64,6 +64,8 @@ say("|---|---|---|---|---|---|")
 over_s, over_r = per["skiff"] - per["bare"], per["runc"] - per["bare"]
 say(f"| {per['bare']:.0f} KB | {per['skiff']:.0f} KB | {per['runc']:.0f} KB | {over_s:.0f} KB | {over_r:.0f} KB | {over_r / max(over_s, 1):.0f}x |")
 say("")
+say(f"skiff's cgroup pool ({mem['pool_slots']} slots, made once before any start) costs {mem['pool_kb'] / mem['pool_slots']:.0f} KB per slot; runc creates and removes its cgroups on every start.")
+say("")
 seq_p50 = pct(seq["skiff"]["to_main_ms"], 50)
 top = curve[-1]
 targets = [

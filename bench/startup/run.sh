@@ -81,23 +81,33 @@ done
 echo "# memory: $IDLE idle sandboxes each" >&2
 used_kb() { sync; echo 3 >/proc/sys/vm/drop_caches; sleep 0.5; awk '/MemTotal/{t=$2}/MemAvailable/{a=$2}END{print t-a}' /proc/meminfo; }
 wait_running() { for _ in $(seq 100); do [ "$(pgrep -c -x stamp || true)" -ge "$1" ] && return 0; sleep 0.1; done; return 1; }
+# The rise when they start and the fall when they end, averaged: drift in the machine's
+# own memory use cancels out.
+delta() { echo $(( ($2 - $1 + $2 - $3) / 2 )); }
 before=$(used_kb); pids=()
 for i in $(seq $IDLE); do "$rootfs/stamp" sleep >/dev/null & pids+=($!); done
-wait_running $IDLE; sleep 1; bare=$(( $(used_kb) - before ))
+wait_running $IDLE; sleep 1; up=$(used_kb)
 kill "${pids[@]}"; wait "${pids[@]}" 2>/dev/null || true
+bare=$(delta "$before" "$up" "$(used_kb)")
 
 before=$(used_kb); ids=()
 for i in $(seq $IDLE); do ids+=($($skiff run -d --rootfs "$rootfs" -- /stamp sleep)); done
-wait_running $IDLE; sleep 1; skiff_mem=$(( $(used_kb) - before ))
+wait_running $IDLE; sleep 1; up=$(used_kb)
 for id in "${ids[@]}"; do $skiff kill "$id"; done
+skiff_mem=$(delta "$before" "$up" "$(used_kb)")
 
 for i in $(seq 0 $(( IDLE - 1 ))); do
   sed -i 's|"args": \["/stamp"\]|"args": ["/stamp", "sleep"]|' "$out/bundles/b$i/config.json"
 done
 before=$(used_kb)
 for i in $(seq 0 $(( IDLE - 1 ))); do runc run -d --bundle "$out/bundles/b$i" skbm$i </dev/null >/dev/null 2>&1; done
-wait_running $IDLE; sleep 1; runc_mem=$(( $(used_kb) - before ))
+wait_running $IDLE; sleep 1; up=$(used_kb)
 for i in $(seq 0 $(( IDLE - 1 ))); do runc delete -f skbm$i >/dev/null 2>&1 || true; done
-echo "{\"idle\":$IDLE,\"bare_kb\":$bare,\"skiff_kb\":$skiff_mem,\"runc_kb\":$runc_mem}" >"$out/mem.json"
+runc_mem=$(delta "$before" "$up" "$(used_kb)")
+
+# What the pool itself costs (made before any start, reused by every sandbox).
+$skiff gc --pools >/dev/null
+before=$(used_kb); $skiff pool --size $(( IDLE + 100 )) >/dev/null; pool_mem=$(( $(used_kb) - before ))
+echo "{\"idle\":$IDLE,\"bare_kb\":$bare,\"skiff_kb\":$skiff_mem,\"runc_kb\":$runc_mem,\"pool_slots\":$(( IDLE + 100 )),\"pool_kb\":$pool_mem}" >"$out/mem.json"
 
 /usr/bin/python3 bench/startup/report.py "$out" "$quick"
