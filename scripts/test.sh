@@ -7,4 +7,9 @@ bash scripts/deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --release -p skiff
-cargo test --workspace -- --test-threads=2
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --all-targets -- --test-threads=2 2>&1 | tee "$log"
+# One closing line for the whole run (cargo prints one per test binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tests: %d passed, %d failed\n", p, f; if (p == 0) exit 1 }' "$log"
