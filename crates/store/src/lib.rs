@@ -83,6 +83,20 @@ pub struct Corrupt {
     pub found: String,
 }
 
+#[derive(Debug, Default)]
+pub struct FsckReport {
+    pub checked: usize,
+    pub corrupt: Vec<Corrupt>,
+}
+
+/// A store object whose content no longer hashes to its name.
+#[derive(Debug)]
+pub struct Corrupt {
+    pub object: PathBuf,
+    pub expected: String,
+    pub found: String,
+}
+
 pub struct Store {
     objects: PathBuf,
     envs: PathBuf,
@@ -407,22 +421,26 @@ impl Store {
     }
 
     /// Re-hashes every object; returns the corrupt ones (path, expected, found).
-    pub fn fsck(&self) -> Result<(usize, Vec<(PathBuf, String, String)>)> {
-        let mut corrupt = Vec::new();
-        let objects = self.objects()?;
-        for object in &objects {
+    pub fn fsck(&self) -> Result<FsckReport> {
+        let mut report = FsckReport::default();
+        for object in self.objects()? {
             let name = object
                 .file_name()
                 .unwrap_or_default()
                 .to_string_lossy()
                 .into_owned();
             let expected = name.trim_end_matches("-x").to_owned();
-            let found = hash_file(object)?;
+            let found = hash_file(&object)?;
+            report.checked += 1;
             if found != expected {
-                corrupt.push((object.clone(), expected, found));
+                report.corrupt.push(Corrupt {
+                    object,
+                    expected,
+                    found,
+                });
             }
         }
-        Ok((objects.len(), corrupt))
+        Ok(report)
     }
 }
 
