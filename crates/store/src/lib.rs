@@ -83,20 +83,6 @@ pub struct Corrupt {
     pub found: String,
 }
 
-#[derive(Debug, Default)]
-pub struct FsckReport {
-    pub checked: usize,
-    pub corrupt: Vec<Corrupt>,
-}
-
-/// A store object whose content no longer hashes to its name.
-#[derive(Debug)]
-pub struct Corrupt {
-    pub object: PathBuf,
-    pub expected: String,
-    pub found: String,
-}
-
 pub struct Store {
     objects: PathBuf,
     envs: PathBuf,
