@@ -172,6 +172,9 @@ pub fn gc(data: &Path, pools: bool) -> Result<()> {
             ));
         }
     }
+    for line in skiff_store::Store::open(data)?.gc()? {
+        removed.push(line);
+    }
     if pools {
         if let Some(r) = live.first() {
             bail!(

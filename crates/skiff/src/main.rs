@@ -2,6 +2,7 @@
 
 mod admin;
 mod arena;
+mod envs;
 mod log;
 mod records;
 mod run;
@@ -52,6 +53,26 @@ enum Command {
         #[arg(long)]
         pools: bool,
     },
+    /// Check a function's skiff.yaml without building it.
+    Validate {
+        /// The function's directory.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Build a function's environment in the shared store.
+    Build {
+        /// The function's directory (with skiff.yaml).
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+    /// List environments with their total, unique and shared bytes.
+    Envs {
+        /// Remove this environment (its files stay in the store until `skiff gc`).
+        #[arg(long, value_name = "NAME")]
+        rm: Option<String>,
+    },
+    /// Re-hash every file in the store and report corruption.
+    Fsck,
     /// Show the sandbox pools, or resize the cgroup pool.
     Pool {
         /// Number of pre-created cgroup slots.
@@ -69,6 +90,10 @@ fn main() -> ExitCode {
         Command::Kill { signal, id } => admin::kill(&data, &id, &signal).map(|()| 0),
         Command::Gc { pools } => admin::gc(&data, pools).map(|()| 0),
         Command::Pool { size } => admin::pool(&data, size).map(|()| 0),
+        Command::Validate { dir } => envs::validate(&dir).map(|()| 0),
+        Command::Build { dir } => envs::build(&data, &dir).map(|()| 0),
+        Command::Envs { rm } => envs::list(&data, rm.as_deref()).map(|()| 0),
+        Command::Fsck => envs::fsck(&data),
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),

@@ -41,7 +41,7 @@ pub struct RunArgs {
     #[arg(long = "tmpfs", value_name = "PATH")]
     tmpfs: Vec<String>,
     /// Environment variable KEY=VALUE (repeatable).
-    #[arg(short, long = "env", value_name = "KEY=VALUE")]
+    #[arg(short = 'e', long = "var", value_name = "KEY=VALUE")]
     env: Vec<String>,
     /// Working directory inside the sandbox.
     #[arg(long, default_value = "/")]
@@ -50,8 +50,15 @@ pub struct RunArgs {
     #[arg(short, long)]
     detach: bool,
     /// The root filesystem (mounted read-only); needs /proc, /dev and /tmp directories.
-    #[arg(long)]
-    rootfs: PathBuf,
+    #[arg(
+        long,
+        required_unless_present = "env_name",
+        conflicts_with = "env_name"
+    )]
+    rootfs: Option<PathBuf>,
+    /// Run in a built environment (see `skiff build`, `skiff envs`) instead of --rootfs.
+    #[arg(long = "env", value_name = "NAME")]
+    env_name: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -165,7 +172,7 @@ pub fn run(data: &Path, args: RunArgs) -> Result<i32> {
     let (uid, gid) = parse_user(&args)?;
     for var in &args.env {
         if !var.contains('=') || var.starts_with('=') {
-            bail!("--env {var:?}: expected KEY=VALUE");
+            bail!("--var {var:?}: expected KEY=VALUE");
         }
     }
     skiff_pool::run_dir(data)
@@ -195,7 +202,21 @@ pub fn run(data: &Path, args: RunArgs) -> Result<i32> {
             return Err(e);
         }
     };
-    let mut spec = Spec::new(&id, &args.rootfs, dev_template, args.command.clone());
+    let rootfs = match (&args.rootfs, &args.env_name) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(name)) => {
+            let store = skiff_store::Store::open(data)?;
+            match store.resolve(name) {
+                Ok(record) => store.env_root(&record.id),
+                Err(e) => {
+                    claimed.release()?;
+                    return Err(e);
+                }
+            }
+        }
+        (None, None) => unreachable!("clap requires --rootfs or --env"),
+    };
+    let mut spec = Spec::new(&id, &rootfs, dev_template, args.command.clone());
     if args.network == Network::None {
         netns_pool = NetnsPool::open(data)?;
         match netns_pool.acquire(&id) {

@@ -1,0 +1,218 @@
+//! Builds function environments (FRE §4.3): a runtime layer made once from what the
+//! machine has and shared by every function of that runtime, plus the function's code,
+//! composed into one tree of hard links in the store.
+//!
+//! Runtime layers are environments themselves (`runtime-python3`, `runtime-node`),
+//! keyed by the interpreter's path, size and mtime: a warm build re-hashes only the
+//! function's own files.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+use skiff_manifest::{Manifest, Runtime};
+use skiff_store::{add_tree, closure::elf_closure, Entry, Store};
+
+/// Directories every environment has: mount points for the sandbox.
+const SKELETON: [&str; 5] = ["proc", "dev", "tmp", "work", "code"];
+
+/// Where the function's code goes inside its environment.
+pub const CODE_DIR: &str = "code";
+
+/// Parts of the Python standard library a function does not need: tests, IDLE, Tk,
+/// installers, 2to3, docs data, the static library for embedding.
+const PYTHON_SKIP: [&str; 9] = [
+    "test",
+    "idlelib",
+    "tkinter",
+    "turtledemo",
+    "ensurepip",
+    "lib2to3",
+    "pydoc_data",
+    "config-3.11-x86_64-linux-gnu",
+    "venv",
+];
+
+/// Progress reports for a caller's progress bar.
+pub enum Progress<'a> {
+    /// A step starts.
+    Step(&'a str),
+    /// A file was added to the store.
+    File(u64),
+}
+
+pub struct Built {
+    pub id: String,
+    pub name: String,
+    pub root: PathBuf,
+    /// The runtime layer was already built.
+    pub runtime_reused: bool,
+}
+
+pub fn build(store: &Store, dir: &Path, progress: &mut dyn FnMut(Progress)) -> Result<Built> {
+    let manifest = Manifest::load(dir)?;
+    let mut entries: Vec<Entry> = SKELETON
+        .iter()
+        .map(|d| Entry::Dir {
+            path: d.to_string(),
+        })
+        .collect();
+
+    let mut runtime_reused = true;
+    if let Some((layer, reused)) = runtime_layer(store, manifest.runtime, progress)? {
+        entries.extend(layer);
+        runtime_reused = reused;
+    }
+    if !manifest.packages.is_empty() {
+        bail!("packages: installing from PyPI or npm is not implemented yet; vendor the packages into the function's directory");
+    }
+
+    progress(Progress::Step("function code"));
+    let code = dir.join(&manifest.code);
+    let mut code_entries = Vec::new();
+    let skip = |rel: &Path| {
+        rel.components().any(|c| {
+            matches!(
+                c.as_os_str().to_str(),
+                Some(".git" | "__pycache__" | "node_modules")
+            )
+        })
+    };
+    add_tree(store, &code, CODE_DIR, &skip, &mut code_entries)?;
+    progress(Progress::File(code_entries.len() as u64));
+    if manifest.runtime == Runtime::Binary {
+        // A native handler brings its own shared-library closure.
+        let handler = code.join(manifest.handler.trim_start_matches("./"));
+        if !handler.is_file() {
+            bail!(
+                "handler {} is not a file in {}",
+                manifest.handler,
+                code.display()
+            );
+        }
+        entries.extend(host_files(store, &elf_closure(&[handler])?)?);
+    }
+    entries.extend(code_entries);
+
+    let id = env_id(&entries);
+    let root = store.build_env(&id, &manifest.name.0, &entries)?;
+    Ok(Built {
+        id,
+        name: manifest.name.0,
+        root,
+        runtime_reused,
+    })
+}
+
+/// The runtime layer's entries, building it on first use. `None` for runtimes that
+/// bring nothing (binary, wasm).
+fn runtime_layer(
+    store: &Store,
+    runtime: Runtime,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Option<(Vec<Entry>, bool)>> {
+    let interpreter = match runtime {
+        Runtime::Python3 => find_program(&["/usr/bin/python3.11", "/usr/bin/python3"])?,
+        Runtime::Node => find_program(&["/usr/bin/node", "/usr/local/bin/node"])?,
+        Runtime::Binary | Runtime::Wasm => return Ok(None),
+    };
+    let meta = std::fs::metadata(&interpreter)?;
+    let key = format!(
+        "{runtime:?} {} {} {}",
+        interpreter.display(),
+        meta.len(),
+        std::os::unix::fs::MetadataExt::mtime(&meta)
+    );
+    let id = format!("runtime-{}", &hex_digest(key.as_bytes())[..16]);
+    if store.env_exists(&id) {
+        return Ok(Some((store.record(&id)?.entries, true)));
+    }
+    progress(Progress::Step(match runtime {
+        Runtime::Python3 => "runtime python3 (once)",
+        _ => "runtime node (once)",
+    }));
+    let mut entries = Vec::new();
+    let name = interpreter
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    entries.push(store.put_file(&interpreter, &format!("usr/bin/{name}"))?);
+    let mut natives = vec![interpreter.clone()];
+    match runtime {
+        Runtime::Python3 => {
+            entries.push(Entry::Symlink {
+                path: "usr/bin/python3".into(),
+                target: name.clone(),
+            });
+            let stdlib = Path::new("/usr/lib/python3.11");
+            let skip = |rel: &Path| {
+                let first = rel.components().next().and_then(|c| c.as_os_str().to_str());
+                let name = rel.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                first.is_some_and(|f| PYTHON_SKIP.contains(&f))
+                    // Keep the plain bytecode; the optimised variants are for -O runs.
+                    || name.contains(".opt-1.pyc")
+                    || name.contains(".opt-2.pyc")
+            };
+            let before = entries.len();
+            add_tree(store, stdlib, "usr/lib/python3.11", &skip, &mut entries)?;
+            progress(Progress::File((entries.len() - before) as u64));
+            for entry in &entries[before..] {
+                if let Entry::File { path, .. } = entry {
+                    if path.ends_with(".so") {
+                        natives.push(Path::new("/").join(path));
+                    }
+                }
+            }
+        }
+        _ => {
+            if name != "node" {
+                entries.push(Entry::Symlink {
+                    path: "usr/bin/node".into(),
+                    target: name.clone(),
+                });
+            }
+        }
+    }
+    entries.extend(host_files(store, &elf_closure(&natives)?)?);
+    let count = entries.len() as u64;
+    store.build_env(&id, &id, &entries)?;
+    progress(Progress::File(count));
+    Ok(Some((entries, false)))
+}
+
+/// Store entries for host files, at the same paths inside the environment.
+fn host_files(store: &Store, files: &std::collections::BTreeSet<PathBuf>) -> Result<Vec<Entry>> {
+    files
+        .iter()
+        .map(|f| {
+            let rel = f
+                .strip_prefix("/")
+                .unwrap_or(f)
+                .to_string_lossy()
+                .into_owned();
+            store.put_file(f, &rel)
+        })
+        .collect()
+}
+
+fn find_program(candidates: &[&str]) -> Result<PathBuf> {
+    candidates
+        .iter()
+        .map(|c| std::fs::canonicalize(c).unwrap_or_else(|_| PathBuf::from(c)))
+        .find(|p| p.is_file())
+        .with_context(|| format!("none of {candidates:?} is installed"))
+}
+
+/// An environment's id: a hash of its entries, so the same inputs give the same id.
+fn env_id(entries: &[Entry]) -> String {
+    let bytes = serde_json::to_vec(entries).expect("entries serialize");
+    hex_digest(&bytes)[..16].to_owned()
+}
+
+fn hex_digest(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
