@@ -1,0 +1,359 @@
+//! Function environments: manifests, the hard-linked store, runtimes, and running
+//! functions on their environments inside sandboxes.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::{stderr, stdout, Data};
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+}
+
+/// A copy of an example under the data directory, renamed, so tests can change it.
+fn function(data: &Data, example_name: &str, name: &str) -> PathBuf {
+    let dir = data.dir.join("fn").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(example(example_name)).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let manifest = std::fs::read_to_string(dir.join("skiff.yaml")).unwrap();
+    let renamed = manifest.replacen(
+        &format!("name: {example_name}"),
+        &format!("name: {name}"),
+        1,
+    );
+    std::fs::write(dir.join("skiff.yaml"), renamed).unwrap();
+    dir
+}
+
+fn build(data: &Data, dir: &Path) -> Output {
+    let out = data.cmd().arg("build").arg(dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "build {}: {}",
+        dir.display(),
+        stderr(&out)
+    );
+    out
+}
+
+fn env_root(data: &Data, id: &str) -> PathBuf {
+    data.dir.join("envs").join(id).join("root")
+}
+
+/// name -> (id, unique bytes as printed) from `skiff envs`.
+fn envs(data: &Data) -> Vec<(String, String, String)> {
+    let out = data.skiff(&["envs"]);
+    stdout(&out)
+        .lines()
+        .skip(1)
+        .filter(|l| !l.starts_with("store on disk"))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (
+                f[0].to_owned(),
+                f[1].to_owned(),
+                format!("{} {}", f[5], f[6]),
+            )
+        })
+        .collect()
+}
+
+fn id_of(data: &Data, name: &str) -> String {
+    envs(data)
+        .into_iter()
+        .find(|(n, _, _)| n == name)
+        .unwrap()
+        .1
+}
+
+#[test]
+fn hello_functions_run_on_their_environments() {
+    let data = Data::new("envs-hello", 4);
+    let py = function(&data, "hello-python", "hello-python");
+    let node = function(&data, "hello-node", "hello-node");
+    let bin = function(&data, "echo-binary", "echo-binary");
+    let cc = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(bin.join("echo"))
+        .arg(bin.join("echo.c"))
+        .status()
+        .unwrap();
+    assert!(cc.success());
+    for dir in [&py, &node, &bin] {
+        build(&data, dir);
+    }
+    let out = data
+        .cmd()
+        .args([
+            "run",
+            "--env",
+            "hello-python",
+            "--",
+            "/usr/bin/python3",
+            "/code/main.py",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        stdout(&out),
+        "{\"greeting\": \"hello, skiff\", \"runtime\": \"python3\"}\n",
+        "{}",
+        stderr(&out)
+    );
+    let out = data
+        .cmd()
+        .args([
+            "run",
+            "--env",
+            "hello-node",
+            "--memory",
+            "256M",
+            "--",
+            "/usr/bin/node",
+            "/code/index.js",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        stdout(&out),
+        "{\"greeting\":\"hello, skiff\",\"runtime\":\"node\"}\n",
+        "{}",
+        stderr(&out)
+    );
+    let mut child = data
+        .cmd()
+        .args(["run", "--env", "echo-binary", "--", "/code/echo"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"ping\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(stdout(&out), "ping\n");
+    // The environment holds no shell and no package manager.
+    let root = env_root(&data, &id_of(&data, "hello-python"));
+    for absent in ["bin/sh", "usr/bin/pip3", "usr/bin/apt", "usr/share/doc"] {
+        assert!(
+            !root.join(absent).exists(),
+            "{absent} in the python environment"
+        );
+    }
+}
+
+#[test]
+fn identical_files_are_one_inode_across_environments() {
+    let data = Data::new("envs-dedup", 4);
+    let a = function(&data, "hello-python", "fn-a");
+    let b = function(&data, "hello-python", "fn-b");
+    std::fs::write(
+        b.join("main.py"),
+        "def handle(event, context):\n    return 'b'\n",
+    )
+    .unwrap();
+    std::fs::write(b.join("extra.py"), "X = 1\n").unwrap();
+    build(&data, &a);
+    let out = build(&data, &b);
+    assert!(
+        !stdout(&out).contains("runtime layer built"),
+        "{}",
+        stdout(&out)
+    );
+    let (ra, rb) = (
+        env_root(&data, &id_of(&data, "fn-a")),
+        env_root(&data, &id_of(&data, "fn-b")),
+    );
+    for shared in [
+        "usr/bin/python3.11",
+        "usr/lib/python3.11/os.py",
+        "lib/x86_64-linux-gnu/libc.so.6",
+    ] {
+        let (ma, mb) = (
+            std::fs::metadata(ra.join(shared)).unwrap(),
+            std::fs::metadata(rb.join(shared)).unwrap(),
+        );
+        assert_eq!(
+            (ma.dev(), ma.ino()),
+            (mb.dev(), mb.ino()),
+            "{shared} is not shared"
+        );
+        assert!(ma.nlink() >= 4, "{shared}: {} links", ma.nlink());
+    }
+    assert_ne!(
+        std::fs::metadata(ra.join("code/main.py")).unwrap().ino(),
+        std::fs::metadata(rb.join("code/main.py")).unwrap().ino()
+    );
+    // The second function adds only its own code.
+    let unique = envs(&data)
+        .into_iter()
+        .find(|(n, _, _)| n == "fn-b")
+        .unwrap()
+        .2;
+    assert!(unique.ends_with(" B"), "fn-b adds {unique}");
+    // Environment files are read-only objects.
+    assert!(
+        std::fs::write(rb.join("usr/lib/python3.11/os.py"), "x").is_err() || nix_root_can_write()
+    );
+}
+
+/// Root bypasses file modes; the sandbox's read-only mount is what protects the tree.
+fn nix_root_can_write() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn a_corrupted_store_file_is_detected() {
+    let data = Data::new("envs-fsck", 4);
+    let f = function(&data, "hello-python", "hello-python");
+    build(&data, &f);
+    let out = data.skiff(&["fsck"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    let root = env_root(&data, &id_of(&data, "hello-python"));
+    let victim = root.join("usr/lib/python3.11/json/__init__.py");
+    let mut text = std::fs::read(&victim).unwrap();
+    text[0] ^= 0x20;
+    std::fs::write(&victim, text).unwrap();
+    let out = data.skiff(&["fsck"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report = stdout(&out);
+    assert!(
+        report.contains("corrupt: ") && report.contains("1 corrupt"),
+        "{report}"
+    );
+}
+
+#[test]
+fn an_interrupted_build_leaves_nothing_visible_and_can_be_retried() {
+    let data = Data::new("envs-interrupt", 4);
+    let f = function(&data, "hello-python", "hello-python");
+    let mut build_cmd = data.cmd().arg("build").arg(&f).spawn().unwrap();
+    // The cold runtime layer takes most of a second: kill the build in its middle.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !data.dir.join("store").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(150));
+    build_cmd.kill().unwrap();
+    build_cmd.wait().unwrap();
+    assert!(
+        envs(&data).iter().all(|(n, _, _)| n != "hello-python"),
+        "a half-built environment is visible"
+    );
+    let out = data
+        .cmd()
+        .args([
+            "run",
+            "--env",
+            "hello-python",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no environment named"),
+        "{}",
+        stderr(&out)
+    );
+    let out = data.skiff(&["gc"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    build(&data, &f);
+    let out = data
+        .cmd()
+        .args([
+            "run",
+            "--env",
+            "hello-python",
+            "--",
+            "/usr/bin/python3",
+            "/code/main.py",
+        ])
+        .output()
+        .unwrap();
+    assert!(stdout(&out).contains("hello, skiff"), "{}", stderr(&out));
+    assert!(data.skiff(&["fsck"]).status.success());
+}
+
+#[test]
+fn gc_frees_files_no_environment_uses() {
+    let data = Data::new("envs-gc", 4);
+    let a = function(&data, "echo-binary", "echo-a");
+    std::fs::write(a.join("echo"), "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::write(a.join("only-here.txt"), "unique bytes of echo-a\n").unwrap();
+    build(&data, &a);
+    let out = data.skiff(&["envs", "--rm", "echo-a"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = data.skiff(&["gc"]);
+    assert!(stdout(&out).contains("store object"), "{}", stdout(&out));
+    let store_files = walk(&data.dir.join("store"));
+    assert!(store_files.is_empty(), "left in the store: {store_files:?}");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+#[test]
+fn bad_manifests_name_the_key_line_and_column() {
+    let data = Data::new("envs-manifest", 1);
+    let cases = [
+        (
+            "name: a\nruntime: python3\nhandler: main.handle\nlimts: {}\n",
+            "skiff.yaml:4:1: unknown field `limts`",
+        ),
+        (
+            "name: a\nruntime: python3\nhandler: main.handle\nlimits:\n  memory: lots\n",
+            "skiff.yaml:5:11: limits.memory: invalid size \"lots\"",
+        ),
+        (
+            "name: a\nruntime: cobol\nhandler: main.handle\n",
+            "skiff.yaml:2:10: runtime: unknown variant `cobol`",
+        ),
+        (
+            "name: a\nruntime: python3\nhandler: main.handle\nscale:\n  max_instances: 0\n",
+            "skiff.yaml:5:18: scale.max_instances: must be at least 1",
+        ),
+        ("name: a\nruntime: python3\n", "missing field `handler`"),
+    ];
+    for (i, (text, expected)) in cases.iter().enumerate() {
+        let dir = data.dir.join(format!("bad{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("skiff.yaml"), text).unwrap();
+        for verb in ["validate", "build"] {
+            let out = data.cmd().arg(verb).arg(&dir).output().unwrap();
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(125), "{verb} {text:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert!(err.contains(expected), "{verb}: {err} lacks {expected:?}");
+        }
+    }
+    let out = data
+        .cmd()
+        .arg("validate")
+        .arg(example("hello-python"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
