@@ -1,6 +1,9 @@
 //! Shared set-up for the sandbox tests: a busybox rootfs with the `probe` helper, and a
 //! data directory per test with its own small cgroup pool, checked for leftovers at the
 //! end. Tests run as root: they create namespaces and cgroups for real.
+//!
+//! Each test binary uses a different part of this module.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
