@@ -138,6 +138,10 @@ impl Store {
         if object.exists() {
             fs::remove_file(&tmp)?;
         } else {
+            // Keep the source's mtime: Python trusts a .pyc only while its source's mtime
+            // matches the one recorded inside it, and the first file stored with given
+            // bytes is the one every environment shares.
+            output.set_modified(meta.modified()?)?;
             output.sync_all()?;
             fs::set_permissions(
                 &tmp,
