@@ -6,6 +6,8 @@
 //! keyed by the interpreter's path, size and mtime: a warm build re-hashes only the
 //! function's own files.
 
+mod packages;
+
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -64,7 +66,12 @@ pub fn build(store: &Store, dir: &Path, progress: &mut dyn FnMut(Progress)) -> R
         runtime_reused = reused;
     }
     if !manifest.packages.is_empty() {
-        bail!("packages: installing from PyPI or npm is not implemented yet; vendor the packages into the function's directory");
+        progress(Progress::Step("packages"));
+        entries.extend(packages::layer(
+            store,
+            manifest.runtime,
+            &manifest.packages,
+        )?);
     }
 
     progress(Progress::Step("function code"));
@@ -196,7 +203,7 @@ fn host_files(store: &Store, files: &std::collections::BTreeSet<PathBuf>) -> Res
         .collect()
 }
 
-fn find_program(candidates: &[&str]) -> Result<PathBuf> {
+pub(crate) fn find_program(candidates: &[&str]) -> Result<PathBuf> {
     candidates
         .iter()
         .map(|c| std::fs::canonicalize(c).unwrap_or_else(|_| PathBuf::from(c)))
@@ -210,7 +217,7 @@ fn env_id(entries: &[Entry]) -> String {
     hex_digest(&bytes)[..16].to_owned()
 }
 
-fn hex_digest(bytes: &[u8]) -> String {
+pub(crate) fn hex_digest(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
         .iter()
         .map(|b| format!("{b:02x}"))

@@ -357,3 +357,71 @@ fn bad_manifests_name_the_key_line_and_column() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+#[test]
+fn packages_from_pypi_and_npm_are_one_shared_layer() {
+    let data = Data::new("envs-packages", 4);
+    let mut roots = Vec::new();
+    for name in ["six-a", "six-b"] {
+        let dir = data.dir.join("fn").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let manifest = format!(
+            "name: {name}\nruntime: python3\nhandler: main.handle\npackages: [six==1.16.0]\n"
+        );
+        std::fs::write(dir.join("skiff.yaml"), manifest).unwrap();
+        std::fs::write(
+            dir.join("main.py"),
+            format!("import six\nprint('{name}', six.__version__)\n"),
+        )
+        .unwrap();
+        build(&data, &dir);
+        let out = data
+            .cmd()
+            .args([
+                "run",
+                "--env",
+                name,
+                "--",
+                "/usr/bin/python3",
+                "/code/main.py",
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(stdout(&out), format!("{name} 1.16.0\n"), "{}", stderr(&out));
+        roots.push(env_root(&data, &id_of(&data, name)));
+    }
+    let six = "usr/lib/python3/dist-packages/six.py";
+    assert_eq!(
+        std::fs::metadata(roots[0].join(six)).unwrap().ino(),
+        std::fs::metadata(roots[1].join(six)).unwrap().ino()
+    );
+
+    let dir = data.dir.join("fn").join("isnum");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("skiff.yaml"),
+        "name: isnum\nruntime: node\nhandler: index.handler\npackages: [is-number@7.0.0]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("index.js"),
+        "console.log(require('is-number')(5));\n",
+    )
+    .unwrap();
+    build(&data, &dir);
+    let out = data
+        .cmd()
+        .args([
+            "run",
+            "--env",
+            "isnum",
+            "--memory",
+            "256M",
+            "--",
+            "/usr/bin/node",
+            "/code/index.js",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&out), "true\n", "{}", stderr(&out));
+}
