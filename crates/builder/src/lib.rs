@@ -6,6 +6,7 @@
 //! keyed by the interpreter's path, size and mtime: a warm build re-hashes only the
 //! function's own files.
 
+pub mod oci;
 mod packages;
 
 use std::path::{Path, PathBuf};
@@ -212,7 +213,7 @@ pub(crate) fn find_program(candidates: &[&str]) -> Result<PathBuf> {
 }
 
 /// An environment's id: a hash of its entries, so the same inputs give the same id.
-fn env_id(entries: &[Entry]) -> String {
+pub(crate) fn env_id(entries: &[Entry]) -> String {
     let bytes = serde_json::to_vec(entries).expect("entries serialize");
     hex_digest(&bytes)[..16].to_owned()
 }

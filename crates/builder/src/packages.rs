@@ -131,10 +131,10 @@ fn run(cmd: &mut Command) -> Result<()> {
 }
 
 /// A scratch directory removed when dropped.
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(pub(crate) PathBuf);
 
 impl Scratch {
-    fn new() -> Result<Scratch> {
+    pub(crate) fn new() -> Result<Scratch> {
         let dir = std::env::temp_dir().join(format!(
             "skiff-packages-{}-{}",
             std::process::id(),

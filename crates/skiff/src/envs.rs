@@ -87,6 +87,23 @@ pub fn list(data: &Path, rm: Option<&str>) -> Result<()> {
     Ok(())
 }
 
+pub fn import(data: &Path, image: &Path, name: &str) -> Result<()> {
+    skiff_manifest::Name::try_from(name.to_owned()).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
+    let started = Instant::now();
+    let store = Store::open(data)?;
+    let (id, _) = skiff_builder::oci::import(&store, image, name)?;
+    let usage = store.usage()?;
+    let mine = usage.iter().find(|u| u.id == id);
+    println!(
+        "imported {} as {name}: environment {id} ({} files, {}) in {:.2?}",
+        image.display(),
+        mine.map_or(0, |u| u.files),
+        human(mine.map_or(0, |u| u.total)),
+        started.elapsed()
+    );
+    Ok(())
+}
+
 /// Exit 0 when the store is intact, 1 when something is corrupt.
 pub fn fsck(data: &Path) -> Result<i32> {
     let report = Store::open(data)?.fsck()?;

@@ -71,6 +71,15 @@ enum Command {
         #[arg(long, value_name = "NAME")]
         rm: Option<String>,
     },
+    /// Import an OCI image (layout directory, OCI archive, or `docker save` tarball) as an
+    /// environment.
+    Import {
+        /// The image: a directory or a tar file.
+        image: PathBuf,
+        /// The environment's name (for `skiff run --env NAME`).
+        #[arg(long)]
+        name: String,
+    },
     /// Re-hash every file in the store and report corruption.
     Fsck,
     /// Show the sandbox pools, or resize the cgroup pool.
@@ -94,6 +103,7 @@ fn main() -> ExitCode {
         Command::Build { dir } => envs::build(&data, &dir).map(|()| 0),
         Command::Envs { rm } => envs::list(&data, rm.as_deref()).map(|()| 0),
         Command::Fsck => envs::fsck(&data),
+        Command::Import { image, name } => envs::import(&data, &image, &name).map(|()| 0),
     };
     match result {
         Ok(code) => ExitCode::from(code as u8),

@@ -425,3 +425,101 @@ fn packages_from_pypi_and_npm_are_one_shared_layer() {
         .unwrap();
     assert_eq!(stdout(&out), "true\n", "{}", stderr(&out));
 }
+
+fn sh(script: &str) {
+    let status = Command::new("sh").arg("-ec").arg(script).status().unwrap();
+    assert!(status.success(), "{script}");
+}
+
+#[test]
+fn oci_images_import_with_their_whiteouts() {
+    let data = Data::new("envs-oci", 4);
+    let dir = data.dir.join("images");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Two layers made by umoci: the second deletes a file and a directory.
+    sh(&format!(
+        "cd {d}; umoci init --layout img; umoci new --image img:t
+         umoci unpack --image img:t b >/dev/null; mkdir -p b/rootfs/bin b/rootfs/sub
+         cp /bin/busybox b/rootfs/bin/; ln -s busybox b/rootfs/bin/sh
+         echo a > b/rootfs/a; echo gone > b/rootfs/gone; echo x > b/rootfs/sub/x
+         umoci repack --image img:t b; rm -rf b; umoci unpack --image img:t b >/dev/null
+         rm b/rootfs/gone; rm -r b/rootfs/sub; echo c > b/rootfs/c
+         umoci repack --image img:t b; rm -rf b
+         tar -C img -cf oci-archive.tar .",
+        d = dir.display()
+    ));
+    // A docker save tarball, written by hand in that format.
+    sh(&format!(
+        "cd {d}; mkdir -p ds/l1/bin ds/l2 && cp /bin/busybox ds/l1/bin/ && echo one > ds/l1/one && echo two > ds/l1/two
+         touch ds/l2/.wh.two && echo three > ds/l2/three
+         tar -C ds/l1 -cf ds/layer1.tar . && tar -C ds/l2 -cf ds/layer2.tar .
+         echo '[{{\"Config\":\"config.json\",\"RepoTags\":[\"t:1\"],\"Layers\":[\"layer1.tar\",\"layer2.tar\"]}}]' > ds/manifest.json
+         echo '{{}}' > ds/config.json && tar -C ds -cf docker-save.tar manifest.json config.json layer1.tar layer2.tar",
+        d = dir.display()
+    ));
+    let cases = [
+        (
+            "oci-layout",
+            dir.join("img"),
+            "a\nc\n",
+            "/a /c /gone /sub/x",
+        ),
+        (
+            "oci-archive",
+            dir.join("oci-archive.tar"),
+            "a\nc\n",
+            "/a /c /gone /sub/x",
+        ),
+        (
+            "docker-save",
+            dir.join("docker-save.tar"),
+            "one\nthree\n",
+            "/one /three /two",
+        ),
+    ];
+    for (name, image, expected, files) in cases {
+        let out = data
+            .cmd()
+            .arg("import")
+            .arg(&image)
+            .args(["--name", name])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let script = format!("for f in {files}; do cat $f 2>/dev/null || true; done");
+        let out = data
+            .cmd()
+            .args([
+                "run",
+                "--env",
+                name,
+                "--",
+                "/bin/busybox",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(stdout(&out), expected, "{name}: {}", stderr(&out));
+    }
+    // busybox from three images is one store object.
+    let inode = |name: &str| {
+        std::fs::metadata(env_root(&data, &id_of(&data, name)).join("bin/busybox"))
+            .unwrap()
+            .ino()
+    };
+    assert_eq!(inode("oci-layout"), inode("docker-save"));
+    let out = data
+        .cmd()
+        .arg("import")
+        .arg(&dir)
+        .args(["--name", "nothing"])
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&out).contains("neither an OCI layout"),
+        "{}",
+        stderr(&out)
+    );
+}

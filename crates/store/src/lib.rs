@@ -117,6 +117,17 @@ impl Store {
         let executable = meta.permissions().mode() & 0o111 != 0;
         let mut input =
             File::open(src).with_context(|| format!("cannot read {}", src.display()))?;
+        self.put_reader(&mut input, path, executable, Some(meta.modified()?))
+    }
+
+    /// Adds the bytes `input` yields as the file `path` of an environment.
+    pub fn put_reader(
+        &self,
+        input: &mut dyn Read,
+        path: &str,
+        executable: bool,
+        mtime: Option<std::time::SystemTime>,
+    ) -> Result<Entry> {
         let tmp = self
             .objects
             .join(format!(".tmp-{}-{}", std::process::id(), unique()));
@@ -141,7 +152,9 @@ impl Store {
             // Keep the source's mtime: Python trusts a .pyc only while its source's mtime
             // matches the one recorded inside it, and the first file stored with given
             // bytes is the one every environment shares.
-            output.set_modified(meta.modified()?)?;
+            if let Some(mtime) = mtime {
+                output.set_modified(mtime)?;
+            }
             output.sync_all()?;
             fs::set_permissions(
                 &tmp,
