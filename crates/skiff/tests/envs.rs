@@ -523,3 +523,48 @@ fn oci_images_import_with_their_whiteouts() {
         stderr(&out)
     );
 }
+
+#[test]
+fn concurrent_builds_of_one_function_agree() {
+    let data = Data::new("envs-concurrent", 4);
+    let f = function(&data, "hello-python", "hello-python");
+    let builds: Vec<_> = (0..4)
+        .map(|_| {
+            data.cmd()
+                .arg("build")
+                .arg(&f)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for b in builds {
+        let out = b.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let listed: Vec<_> = envs(&data)
+        .into_iter()
+        .filter(|(n, _, _)| n == "hello-python")
+        .collect();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let leftovers: Vec<_> = std::fs::read_dir(data.dir.join("envs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert!(data.skiff(&["fsck"]).status.success());
+    let out = data
+        .cmd()
+        .args([
+            "run",
+            "--env",
+            "hello-python",
+            "--",
+            "/usr/bin/python3",
+            "/code/main.py",
+        ])
+        .output()
+        .unwrap();
+    assert!(stdout(&out).contains("hello, skiff"), "{}", stderr(&out));
+}
