@@ -124,6 +124,15 @@ pub(crate) fn update_file(path: &std::path::Path, value: &str) -> Result<()> {
     write_file(path, value)
 }
 
+/// The `oom_kill N` counter of a v1 `memory.oom_control` or a v2 `memory.events`.
+pub(crate) fn oom_kill_count(path: &std::path::Path) -> Result<u64> {
+    Ok(read_trimmed(path)?
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0))
+}
+
 pub(crate) fn parse_procs(text: &str) -> Vec<i32> {
     text.lines().filter_map(|l| l.trim().parse().ok()).collect()
 }

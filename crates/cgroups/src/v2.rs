@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use crate::{
-    kill_pids, parse_procs, read_trimmed, update_file, write_file, Backend, Entry, Limits,
-    CPU_PERIOD_US,
+    kill_pids, oom_kill_count, parse_procs, read_trimmed, update_file, write_file, Backend, Entry,
+    Limits, CPU_PERIOD_US,
 };
 
 pub(crate) struct V2 {
@@ -136,12 +136,7 @@ impl Backend for V2 {
     }
 
     fn oom_kills(&self, slot: &str) -> Result<u64> {
-        let text = read_trimmed(&self.root.join(slot).join("memory.events"))?;
-        Ok(text
-            .lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0))
+        oom_kill_count(&self.root.join(slot).join("memory.events"))
     }
 
     fn memory_usage(&self, slot: &str) -> Result<u64> {

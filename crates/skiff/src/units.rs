@@ -1,26 +1,13 @@
 //! Parsing of sizes, CPU counts, signals and ids given on the command line.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
-/// `128M`, `1G`, `512k`, `1048576`: bytes.
+/// `128M`, `1G`, `512k`, `1048576`: bytes (the manifest's syntax).
 pub fn parse_size(text: &str) -> Result<u64> {
-    let t = text.trim();
-    let (digits, unit) = t.split_at(
-        t.find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(t.len()),
-    );
-    let shift = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        _ => bail!("invalid size {text:?} (use bytes or a K, M or G suffix, like 128M)"),
-    };
-    let value: f64 = digits
-        .parse()
-        .with_context(|| format!("invalid size {text:?}"))?;
-    Ok((value * (1u64 << shift) as f64) as u64)
+    match skiff_manifest::parse_size(text) {
+        Some(bytes) => Ok(bytes),
+        None => bail!("invalid size {text:?} (use bytes or a K, M or G suffix, like 128M)"),
+    }
 }
 
 pub fn signal_number(name: &str) -> Result<i32> {

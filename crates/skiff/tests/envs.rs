@@ -47,6 +47,22 @@ fn build(data: &Data, dir: &Path) -> Output {
     out
 }
 
+fn assert_hello_python_runs(data: &Data) {
+    let out = data
+        .cmd()
+        .args([
+            "run",
+            "--env",
+            "hello-python",
+            "--",
+            "/usr/bin/python3",
+            "/code/main.py",
+        ])
+        .output()
+        .unwrap();
+    assert!(stdout(&out).contains("hello, skiff"), "{}", stderr(&out));
+}
+
 fn env_root(data: &Data, id: &str) -> PathBuf {
     data.dir.join("envs").join(id).join("root")
 }
@@ -271,19 +287,7 @@ fn an_interrupted_build_leaves_nothing_visible_and_can_be_retried() {
     let out = data.skiff(&["gc"]);
     assert!(out.status.success(), "{}", stderr(&out));
     build(&data, &f);
-    let out = data
-        .cmd()
-        .args([
-            "run",
-            "--env",
-            "hello-python",
-            "--",
-            "/usr/bin/python3",
-            "/code/main.py",
-        ])
-        .output()
-        .unwrap();
-    assert!(stdout(&out).contains("hello, skiff"), "{}", stderr(&out));
+    assert_hello_python_runs(&data);
     assert!(data.skiff(&["fsck"]).status.success());
 }
 
@@ -554,17 +558,5 @@ fn concurrent_builds_of_one_function_agree() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     assert!(data.skiff(&["fsck"]).status.success());
-    let out = data
-        .cmd()
-        .args([
-            "run",
-            "--env",
-            "hello-python",
-            "--",
-            "/usr/bin/python3",
-            "/code/main.py",
-        ])
-        .output()
-        .unwrap();
-    assert!(stdout(&out).contains("hello, skiff"), "{}", stderr(&out));
+    assert_hello_python_runs(&data);
 }

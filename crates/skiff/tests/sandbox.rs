@@ -4,10 +4,9 @@
 mod common;
 
 use std::os::unix::process::ExitStatusExt;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{host_ns, rootfs, stderr, stdout, Data};
+use common::{host_ns, stderr, stdout, Data};
 
 fn sh(script: &str) -> Vec<&str> {
     vec!["/bin/sh", "-c", script]
@@ -228,17 +227,7 @@ fn output_and_exit_codes_pass_through() {
     assert_eq!(stdout(&out), "out\n");
     assert_eq!(stderr(&out), "err\n");
     // Killed by a signal from outside: 128 + the signal, as shells report it.
-    let mut child = data
-        .cmd()
-        .arg("run")
-        .arg("--rootfs")
-        .arg(rootfs())
-        .args(["--", "/bin/sh", "-c", "echo ready; exec sleep 30"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = [0u8; 6];
-    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut ready).unwrap();
+    let mut child = data.start_until_ready("echo ready; exec sleep 30");
     let pid = data.wait_for_one_sandbox();
     // SAFETY: signalling the sandbox this test started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -248,22 +237,8 @@ fn output_and_exit_codes_pass_through() {
 #[test]
 fn signals_are_forwarded() {
     let data = Data::new("signals", 4);
-    let mut child = data
-        .cmd()
-        .arg("run")
-        .arg("--rootfs")
-        .arg(rootfs())
-        .args([
-            "--",
-            "/bin/sh",
-            "-c",
-            "trap 'exit 42' TERM; echo ready; while true; do sleep 0.1; done",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = [0u8; 6];
-    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut ready).unwrap();
+    let mut child =
+        data.start_until_ready("trap 'exit 42' TERM; echo ready; while true; do sleep 0.1; done");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = child.wait().unwrap();
@@ -358,17 +333,7 @@ fn bad_input_gets_one_clear_line_and_leaves_nothing() {
 #[test]
 fn gc_cleans_up_after_a_crashed_skiff() {
     let data = Data::new("gc", 4);
-    let mut cli = data
-        .cmd()
-        .arg("run")
-        .arg("--rootfs")
-        .arg(rootfs())
-        .args(["--", "/bin/sh", "-c", "echo ready; exec sleep 60"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = [0u8; 6];
-    std::io::Read::read_exact(cli.stdout.as_mut().unwrap(), &mut ready).unwrap();
+    let mut cli = data.start_until_ready("echo ready; exec sleep 60");
     let pid = data.wait_for_one_sandbox();
     cli.kill().unwrap();
     assert_eq!(cli.wait().unwrap().signal(), Some(libc::SIGKILL));

@@ -294,45 +294,37 @@ impl Store {
         let records = self.records()?;
         let mut usage = Vec::new();
         for r in &records {
+            let files: Vec<(PathBuf, u64)> = r
+                .entries
+                .iter()
+                .filter_map(|e| match e {
+                    Entry::File {
+                        digest,
+                        executable,
+                        size,
+                        ..
+                    } => Some((self.object_path(digest, *executable), *size)),
+                    _ => None,
+                })
+                .collect();
+            let mut own: HashMap<&PathBuf, u64> = HashMap::new();
+            for (object, _) in &files {
+                *own.entry(object).or_default() += 1;
+            }
             let mut u = EnvUsage {
                 id: r.id.clone(),
                 name: r.name.clone(),
-                files: 0,
-                total: 0,
+                files: files.len(),
+                total: files.iter().map(|(_, size)| size).sum(),
                 unique: 0,
                 shared: 0,
             };
-            let mut own: HashMap<PathBuf, u64> = HashMap::new();
-            for e in &r.entries {
-                if let Entry::File {
-                    digest,
-                    executable,
-                    size,
-                    ..
-                } = e
-                {
-                    u.files += 1;
-                    u.total += size;
-                    *own.entry(self.object_path(digest, *executable))
-                        .or_default() += 1;
-                    let _ = size;
-                }
-            }
-            for e in &r.entries {
-                if let Entry::File {
-                    digest,
-                    executable,
-                    size,
-                    ..
-                } = e
-                {
-                    let object = self.object_path(digest, *executable);
-                    let links = fs::metadata(&object).map_or(1, |m| m.nlink());
-                    if links.saturating_sub(1) <= own[&object] {
-                        u.unique += size;
-                    } else {
-                        u.shared += size;
-                    }
+            for (object, size) in &files {
+                let links = fs::metadata(object).map_or(1, |m| m.nlink());
+                if links.saturating_sub(1) <= own[object] {
+                    u.unique += size;
+                } else {
+                    u.shared += size;
                 }
             }
             usage.push(u);
@@ -401,11 +393,7 @@ impl Store {
             }
         }
         for object in self.objects()? {
-            let name = object
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
+            let name = file_name(&object);
             let meta = fs::metadata(&object)?;
             if name.starts_with(".tmp-") || meta.nlink() == 1 {
                 fs::remove_file(&object)?;
@@ -427,11 +415,7 @@ impl Store {
     pub fn fsck(&self) -> Result<FsckReport> {
         let mut report = FsckReport::default();
         for object in self.objects()? {
-            let name = object
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
+            let name = file_name(&object);
             let expected = name.trim_end_matches("-x").to_owned();
             let found = hash_file(&object)?;
             report.checked += 1;
@@ -482,6 +466,13 @@ pub fn add_tree(
         }
     }
     Ok(())
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn check_relative(path: &str) -> Result<()> {

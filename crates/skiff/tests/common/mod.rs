@@ -88,6 +88,24 @@ impl Data {
         cmd.output().unwrap()
     }
 
+    /// Starts `skiff run` in the foreground on a shell script that prints `ready` once
+    /// it is set up, and returns when it has.
+    pub fn start_until_ready(&self, script: &str) -> std::process::Child {
+        let mut child = self
+            .cmd()
+            .arg("run")
+            .arg("--rootfs")
+            .arg(rootfs())
+            .args(["--", "/bin/sh", "-c", script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = [0u8; 6];
+        std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut line).unwrap();
+        assert_eq!(&line, b"ready\n");
+        child
+    }
+
     /// A detached sandbox's id.
     pub fn run_detached(&self, flags: &[&str], argv: &[&str]) -> String {
         let mut all = vec!["-d"];
