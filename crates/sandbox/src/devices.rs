@@ -38,6 +38,7 @@ pub fn ensure(data: &Path) -> Result<PathBuf> {
     if skiff_pool::is_tmpfs(&dir) {
         return Ok(dir);
     }
+    std::fs::create_dir_all(data.join("pool"))?;
     let _lock = skiff_pool::lock_file(&data.join("pool").join("dev.lock"))?;
     if !skiff_pool::is_tmpfs(&dir) {
         create(&dir)

@@ -11,8 +11,10 @@ mod child;
 pub mod devices;
 pub mod netns;
 pub mod seccomp;
+mod server;
 mod spawn;
 mod spec;
 
+pub use server::RemoteSpawner;
 pub use spawn::{Child, ExitStatus, SpawnError, SpawnErrorKind, Spawner};
 pub use spec::{IdMap, Spec};

@@ -36,6 +36,8 @@ struct CloneArgs {
 pub struct Spawner {
     filter: Filter,
     last_cap: u32,
+    /// Clone sandboxes as siblings (CLONE_PARENT): our parent adopts them.
+    adopt: bool,
 }
 
 /// A running sandbox's first process.
@@ -75,6 +77,8 @@ pub enum SpawnErrorKind {
 pub struct SpawnError {
     pub kind: SpawnErrorKind,
     pub message: String,
+    /// A failed child the caller must reap (spawns with [`Spawner::for_parent`]).
+    pub orphan: Option<Child>,
 }
 
 impl fmt::Display for SpawnError {
@@ -89,6 +93,7 @@ fn setup_error(message: impl Into<String>) -> SpawnError {
     SpawnError {
         kind: SpawnErrorKind::Setup,
         message: message.into(),
+        orphan: None,
     }
 }
 
@@ -108,6 +113,17 @@ impl Spawner {
         Ok(Spawner {
             filter: Filter::docker_default(),
             last_cap,
+            adopt: false,
+        })
+    }
+
+    /// A spawner whose sandboxes are children of this process's parent (CLONE_PARENT),
+    /// for a spawner process serving a multi-threaded parent: the parent holds their
+    /// pidfds, reaps them and gets their exit status.
+    pub fn for_parent() -> Result<Spawner> {
+        Ok(Spawner {
+            adopt: true,
+            ..Spawner::new()?
         })
     }
 
@@ -132,6 +148,12 @@ impl Spawner {
         if let Some(cgroup) = &entry.clone_into {
             flags |= CLONE_INTO_CGROUP;
             args.cgroup = cgroup.as_raw_fd() as u64;
+        }
+        if self.adopt {
+            // With CLONE_PARENT the child signals its (new) parent as we would: the
+            // kernel takes our exit signal and wants none given.
+            flags |= libc::CLONE_PARENT as u64;
+            args.exit_signal = 0;
         }
         args.flags = flags;
         let trampoline = Trampoline {
@@ -172,9 +194,14 @@ impl Spawner {
         };
         match self.supervise_setup(spec, &child, &parent_end, &prepared) {
             Ok(()) => Ok(child),
-            Err(e) => {
+            Err(mut e) => {
                 let _ = child.kill(libc::SIGKILL);
-                let _ = child.wait();
+                if self.adopt {
+                    // Not ours to reap: hand it to the parent with the error.
+                    e.orphan = Some(child);
+                } else {
+                    let _ = child.wait();
+                }
                 Err(e)
             }
         }
@@ -405,7 +432,11 @@ fn describe_failure(
             SpawnErrorKind::NotFound => format!("command not found in the sandbox: {cmd}"),
             _ => format!("cannot execute {cmd} in the sandbox: {err}"),
         };
-        return SpawnError { kind, message };
+        return SpawnError {
+            kind,
+            message,
+            orphan: None,
+        };
     }
     let what = prepared.describe(stage, index);
     setup_error(format!("sandbox setup failed: cannot {what}: {err}"))
@@ -420,7 +451,7 @@ fn write_id_maps(pid: i32, host: u32, count: u32) -> Result<()> {
     Ok(())
 }
 
-fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: fds is a valid out-array of two ints.
     let r = unsafe {
