@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# The main job as it stands: build skiff, make a busybox rootfs, and run commands in
-# sandboxes (foreground, limits, detached + ps + kill), then clean up with gc.
+# The main job as it stands: build skiff, start `skiff serve` on the embedded defaults
+# (data /var/lib/skiff, socket /run/skiff/skiff.sock, TCP 127.0.0.1:8080), deploy the
+# echo-binary example and invoke it over the socket and over TCP; then the sandbox tier
+# by hand: a command with limits, a detached sandbox listed and killed, gc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 cargo build --release -p skiff
-skiff=target/x86_64-unknown-linux-musl/release/skiff
-export SKIFF_DATA=${SKIFF_DATA:-/var/lib/skiff}
+skiff=$PWD/target/x86_64-unknown-linux-musl/release/skiff
+make -s -C examples/echo-binary
+
+$skiff serve &
+serve_pid=$!
+trap 'kill $serve_pid 2>/dev/null; wait $serve_pid 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -S /run/skiff/skiff.sock ] && break; sleep 0.1; done
+
+set -x
+$skiff deploy examples/echo-binary
+$skiff ls
+$skiff invoke echo-binary -d 'hello from a skiff sandbox'
+echo
+curl -s --data 'hello over TCP' http://127.0.0.1:8080/fn/echo-binary
+echo
+
 rootfs=target/demo-rootfs
 mkdir -p "$rootfs"/{bin,proc,dev,tmp}
 cp /bin/busybox "$rootfs/bin/busybox"
 for applet in sh echo cat id hostname sleep ls; do ln -sf busybox "$rootfs/bin/$applet"; done
-
-set -x
-$skiff pool
 $skiff run --rootfs "$rootfs" --memory 64M --cpu 0.5 --pids 32 -- /bin/sh -c 'echo "hello from pid $$ on $(hostname) as $(id)"'
 id=$($skiff run -d --rootfs "$rootfs" -- /bin/sleep 60)
 $skiff ps

@@ -9,6 +9,8 @@ command -v cpio >/dev/null || need+=(cpio)
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
 command -v file >/dev/null || need+=(file)
 command -v umoci >/dev/null || need+=(umoci)
+command -v curl >/dev/null || need+=(curl)
+command -v make >/dev/null || need+=(make)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

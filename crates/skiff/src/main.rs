@@ -2,9 +2,11 @@
 
 mod admin;
 mod arena;
+mod client;
 mod envs;
 mod log;
 mod records;
+mod remote;
 mod run;
 mod units;
 
@@ -13,7 +15,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// skiff: millisecond function sandboxes for Linux.
+/// skiff: a serverless function platform for Linux.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
 struct Cli {
@@ -25,6 +27,12 @@ struct Cli {
         default_value = "/var/lib/skiff"
     )]
     data: PathBuf,
+    /// The daemon's Unix socket (serve listens on it; other commands talk to it).
+    #[arg(long, global = true, env = "SKIFF_SOCKET", default_value = skiff_daemon::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Talk to the daemon at this URL (http://HOST:PORT) instead of its socket.
+    #[arg(long, global = true, env = "SKIFF_HOST")]
+    host: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -53,6 +61,33 @@ enum Command {
         #[arg(long)]
         pools: bool,
     },
+    /// Run the daemon: the HTTP API on the Unix socket and on TCP.
+    Serve {
+        /// TCP address to listen on.
+        #[arg(long, env = "SKIFF_LISTEN", default_value = skiff_daemon::DEFAULT_LISTEN)]
+        listen: std::net::SocketAddr,
+    },
+    /// Deploy a function directory (with skiff.yaml) to the daemon.
+    Deploy {
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Invoke a function and print its response.
+    Invoke {
+        name: String,
+        /// Request body, or @FILE to read it from a file.
+        #[arg(short = 'd', long = "body", value_name = "DATA|@FILE")]
+        body: Option<String>,
+        /// A request header K:V (repeatable).
+        #[arg(short = 'H', long = "header")]
+        headers: Vec<String>,
+    },
+    /// List deployed functions.
+    Ls,
+    /// Show a deployed function.
+    Describe { name: String },
+    /// Delete a deployed function.
+    Rm { name: String },
     /// Check a function's skiff.yaml without building it.
     Validate {
         /// The function's directory.
@@ -93,7 +128,21 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let data = cli.data;
+    let target = client::Target {
+        socket: &cli.socket,
+        host: cli.host.as_deref(),
+    };
     let result = match cli.command {
+        Command::Serve { listen } => serve(&data, &cli.socket, listen).map(|()| 0),
+        Command::Deploy { dir } => remote::deploy(&target, &dir).map(|()| 0),
+        Command::Invoke {
+            name,
+            body,
+            headers,
+        } => remote::invoke(&target, &name, body.as_deref(), &headers).map(|()| 0),
+        Command::Ls => remote::ls(&target).map(|()| 0),
+        Command::Describe { name } => remote::describe(&target, &name).map(|()| 0),
+        Command::Rm { name } => remote::rm(&target, &name).map(|()| 0),
         Command::Run(args) => run::run(&data, args),
         Command::Ps { json } => admin::ps(&data, json).map(|()| 0),
         Command::Kill { signal, id } => admin::kill(&data, &id, &signal).map(|()| 0),
@@ -116,4 +165,21 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// Forks the spawner while this process is still single-threaded, then starts the daemon.
+fn serve(
+    data: &std::path::Path,
+    socket: &std::path::Path,
+    listen: std::net::SocketAddr,
+) -> anyhow::Result<()> {
+    let spawner = skiff_sandbox::RemoteSpawner::start()?;
+    skiff_daemon::serve(
+        skiff_daemon::Config {
+            data: data.to_owned(),
+            socket: socket.to_owned(),
+            listen,
+        },
+        spawner,
+    )
 }

@@ -1,0 +1,278 @@
+//! `skiff serve`: one process answering HTTP/1.1 on a Unix socket and on TCP, with the
+//! function registry and the store in the data directory (no outside service).
+//!
+//! This first cut deploys functions (a tar of the function's directory), lists,
+//! describes and deletes them, and invokes `binary` functions, one sandbox per request.
+//! Sandboxes come from a [`RemoteSpawner`] forked before the async runtime starts.
+
+mod invoke;
+mod registry;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::{Json, Router};
+use serde_json::json;
+use skiff_cgroups::CgroupPool;
+use skiff_sandbox::RemoteSpawner;
+use skiff_store::Store;
+
+pub use registry::Function;
+use registry::Registry;
+
+/// Largest deploy (a tar of the function's directory) and invocation body.
+const MAX_DEPLOY: usize = 256 << 20;
+const MAX_BODY: usize = 6 << 20;
+
+pub struct Config {
+    pub data: PathBuf,
+    pub socket: PathBuf,
+    pub listen: SocketAddr,
+}
+
+struct Daemon {
+    data: PathBuf,
+    spawner: RemoteSpawner,
+    registry: Registry,
+    pool: CgroupPool,
+}
+
+/// An error answered as JSON `{"error": ...}` with its status.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// Runs the daemon until SIGINT or SIGTERM. `spawner` was forked while the caller was
+/// still single-threaded.
+pub fn serve(config: Config, spawner: RemoteSpawner) -> Result<()> {
+    let daemon = Arc::new(Daemon {
+        registry: Registry::open(&config.data)?,
+        pool: CgroupPool::open(&config.data)?,
+        data: config.data.clone(),
+        spawner,
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let app = router(daemon);
+        if let Some(dir) = config.socket.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let _ = std::fs::remove_file(&config.socket);
+        let unix = tokio::net::UnixListener::bind(&config.socket)
+            .with_context(|| format!("cannot listen on {}", config.socket.display()))?;
+        let tcp = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        eprintln!(
+            "skiff: serving on {} and http://{} (data {})",
+            config.socket.display(),
+            config.listen,
+            config.data.display()
+        );
+        let shutdown = || async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("signal handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        let on_unix = axum::serve(unix, app.clone()).with_graceful_shutdown(shutdown());
+        let on_tcp = axum::serve(tcp, app).with_graceful_shutdown(shutdown());
+        let (a, b) = tokio::join!(on_unix, on_tcp);
+        let _ = std::fs::remove_file(&config.socket);
+        a.context("unix socket")?;
+        b.context("tcp")?;
+        Ok(())
+    })
+}
+
+fn router(daemon: Arc<Daemon>) -> Router {
+    Router::new()
+        .route(
+            "/healthz",
+            get(|| async { Json(json!({ "status": "ok" })) }),
+        )
+        .route(
+            "/v1/functions",
+            get(list)
+                .post(deploy)
+                .layer(DefaultBodyLimit::max(MAX_DEPLOY)),
+        )
+        .route("/v1/functions/{name}", get(describe).delete(remove))
+        .route("/fn/{name}", any(invoke))
+        .route("/fn/{name}/{*rest}", any(invoke_path))
+        .route("/function/{name}", any(invoke))
+        .route("/function/{name}/{*rest}", any(invoke_path))
+        .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(daemon)
+}
+
+async fn list(State(d): State<Arc<Daemon>>) -> Result<Json<Vec<Function>>, ApiError> {
+    d.registry.list().map(Json).map_err(internal)
+}
+
+async fn describe(
+    State(d): State<Arc<Daemon>>,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<Function>, ApiError> {
+    d.registry
+        .get(&name)
+        .map(Json)
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no function named {name:?}")))
+}
+
+async fn remove(
+    State(d): State<Arc<Daemon>>,
+    UrlPath(name): UrlPath<String>,
+) -> Result<StatusCode, ApiError> {
+    match d.registry.remove(&name) {
+        Ok(true) => Ok(StatusCode::NO_CONTENT),
+        Ok(false) => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no function named {name:?}"),
+        )),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+/// `POST /v1/functions` with a tar of the function's directory.
+async fn deploy(
+    State(d): State<Arc<Daemon>>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Function>), ApiError> {
+    let d2 = d.clone();
+    let f = tokio::task::spawn_blocking(move || deploy_blocking(&d2, &body))
+        .await
+        .map_err(internal)??;
+    Ok((StatusCode::CREATED, Json(f)))
+}
+
+fn deploy_blocking(d: &Daemon, tar_bytes: &[u8]) -> Result<Function, ApiError> {
+    let incoming = d.registry.incoming_dir();
+    let result = (|| {
+        std::fs::create_dir_all(&incoming).map_err(internal)?;
+        tar::Archive::new(tar_bytes)
+            .unpack(&incoming)
+            .map_err(|e| {
+                ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!("the body is not a tar of the function's directory: {e}"),
+                )
+            })?;
+        let bad = |e: anyhow::Error| ApiError(StatusCode::BAD_REQUEST, format!("{e:#}"));
+        // Errors name the file as the user knows it, not our scratch copy.
+        let text =
+            std::fs::read_to_string(incoming.join(skiff_manifest::FILE_NAME)).map_err(|_| {
+                ApiError(
+                    StatusCode::BAD_REQUEST,
+                    "the function has no skiff.yaml".into(),
+                )
+            })?;
+        let manifest = skiff_manifest::Manifest::parse(&text, skiff_manifest::FILE_NAME)
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+        let store = Store::open(&d.data).map_err(internal)?;
+        let built = skiff_builder::build(&store, &incoming, &mut |_| {}).map_err(bad)?;
+        let name = manifest.name.0.clone();
+        let target = d.registry.source_dir(&name);
+        let _ = std::fs::remove_dir_all(&target);
+        std::fs::rename(&incoming, &target).map_err(internal)?;
+        let f = Function {
+            name,
+            runtime: format!("{:?}", manifest.runtime).to_lowercase(),
+            handler: manifest.handler,
+            env: built.id,
+            memory_bytes: manifest.limits.memory.0,
+            cpus: manifest.limits.cpu.0,
+            pids: manifest.limits.pids.0,
+            timeout_ms: manifest.limits.timeout.0.as_millis() as u64,
+            deployed_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        d.registry.put(&f).map_err(internal)?;
+        Ok(f)
+    })();
+    let _ = std::fs::remove_dir_all(&incoming);
+    result
+}
+
+async fn invoke_path(
+    state: State<Arc<Daemon>>,
+    UrlPath((name, _rest)): UrlPath<(String, String)>,
+    body: Bytes,
+) -> Response {
+    invoke(state, UrlPath(name), body).await
+}
+
+async fn invoke(
+    State(d): State<Arc<Daemon>>,
+    UrlPath(name): UrlPath<String>,
+    body: Bytes,
+) -> Response {
+    let Some(f) = d.registry.get(&name) else {
+        return ApiError(StatusCode::NOT_FOUND, format!("no function named {name:?}"))
+            .into_response();
+    };
+    if f.runtime != "binary" {
+        let message = format!(
+            "runtime {}: invocation is not implemented yet; binary functions are",
+            f.runtime
+        );
+        return ApiError(StatusCode::NOT_IMPLEMENTED, message).into_response();
+    }
+    let outcome = tokio::task::spawn_blocking(move || {
+        let store_root = d.data.join("envs").join(&f.env).join("root");
+        let dev = match skiff_sandbox::devices::ensure(&d.data) {
+            Ok(dev) => dev,
+            Err(e) => return invoke::Outcome::Failed(format!("{e:#}")),
+        };
+        invoke::run(&d.spawner, &d.pool, store_root, dev, &f, &body)
+    })
+    .await;
+    match outcome {
+        Ok(invoke::Outcome::Ok(out)) => (StatusCode::OK, out).into_response(),
+        Ok(invoke::Outcome::Crashed(m)) => ApiError(StatusCode::BAD_GATEWAY, m).into_response(),
+        Ok(invoke::Outcome::TimedOut) => {
+            ApiError(StatusCode::GATEWAY_TIMEOUT, "the function timed out".into()).into_response()
+        }
+        Ok(invoke::Outcome::Overloaded(m)) => {
+            ApiError(StatusCode::SERVICE_UNAVAILABLE, m).into_response()
+        }
+        Ok(invoke::Outcome::Failed(m)) => {
+            ApiError(StatusCode::INTERNAL_SERVER_ERROR, m).into_response()
+        }
+        Err(e) => internal(e).into_response(),
+    }
+}
+
+/// The default socket, overridable by `--socket` / `SKIFF_SOCKET`.
+pub const DEFAULT_SOCKET: &str = "/run/skiff/skiff.sock";
+/// The default TCP address, overridable by `--listen` / `SKIFF_LISTEN`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
+/// Whether `path` is a Unix socket something listens on.
+pub fn socket_ready(path: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(path).is_ok()
+}

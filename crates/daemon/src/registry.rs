@@ -1,0 +1,88 @@
+//! Deployed functions: `DATA/functions/<name>.json` (written to a temporary file, fsynced,
+//! renamed, directory fsynced: an acknowledged deploy survives a crash) and the
+//! function's source in `DATA/functions/<name>/`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Function {
+    pub name: String,
+    pub runtime: String,
+    pub handler: String,
+    /// The environment in the store.
+    pub env: String,
+    pub memory_bytes: u64,
+    pub cpus: f64,
+    pub pids: u64,
+    pub timeout_ms: u64,
+    pub deployed_unix: u64,
+}
+
+pub struct Registry {
+    dir: PathBuf,
+}
+
+impl Registry {
+    pub fn open(data: &Path) -> Result<Registry> {
+        let dir = data.join("functions");
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        Ok(Registry { dir })
+    }
+
+    pub fn source_dir(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    pub fn incoming_dir(&self) -> PathBuf {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        self.dir
+            .join(format!(".incoming-{}-{nanos}", std::process::id()))
+    }
+
+    pub fn get(&self, name: &str) -> Option<Function> {
+        let bytes = std::fs::read(self.dir.join(format!("{name}.json"))).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    pub fn list(&self) -> Result<Vec<Function>> {
+        let mut all = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "json") {
+                if let Ok(f) = serde_json::from_slice(&std::fs::read(&path)?) {
+                    all.push(f);
+                }
+            }
+        }
+        all.sort_by(|a: &Function, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    pub fn put(&self, f: &Function) -> Result<()> {
+        use std::io::Write;
+        let tmp = self.dir.join(format!(".{}.json.tmp", f.name));
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(&serde_json::to_vec_pretty(f)?)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, self.dir.join(format!("{}.json", f.name)))?;
+        std::fs::File::open(&self.dir)?.sync_all()?;
+        Ok(())
+    }
+
+    /// Removes a function; returns whether it existed.
+    pub fn remove(&self, name: &str) -> Result<bool> {
+        let record = self.dir.join(format!("{name}.json"));
+        if !record.exists() {
+            return Ok(false);
+        }
+        std::fs::remove_file(&record)?;
+        let _ = std::fs::remove_dir_all(self.source_dir(name));
+        Ok(true)
+    }
+}
