@@ -9,7 +9,7 @@ mod invoke;
 mod registry;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -24,8 +24,7 @@ use skiff_cgroups::CgroupPool;
 use skiff_sandbox::RemoteSpawner;
 use skiff_store::Store;
 
-pub use registry::Function;
-use registry::Registry;
+use registry::{Function, Registry};
 
 /// Largest deploy (a tar of the function's directory) and invocation body.
 const MAX_DEPLOY: usize = 256 << 20;
@@ -271,8 +270,3 @@ async fn invoke(
 pub const DEFAULT_SOCKET: &str = "/run/skiff/skiff.sock";
 /// The default TCP address, overridable by `--listen` / `SKIFF_LISTEN`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
-
-/// Whether `path` is a Unix socket something listens on.
-pub fn socket_ready(path: &Path) -> bool {
-    std::os::unix::net::UnixStream::connect(path).is_ok()
-}

@@ -10,7 +10,7 @@
 
 pub mod closure;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -523,16 +523,4 @@ fn builder_alive(name: &str) -> bool {
 /// Removes a tree whose files may be read-only.
 fn remove_tree(dir: &Path) -> io::Result<()> {
     fs::remove_dir_all(dir)
-}
-
-/// The set of store objects an environment links (for tests and accounting).
-pub fn digests(record: &EnvRecord) -> HashSet<String> {
-    record
-        .entries
-        .iter()
-        .filter_map(|e| match e {
-            Entry::File { digest, .. } => Some(digest.clone()),
-            _ => None,
-        })
-        .collect()
 }
