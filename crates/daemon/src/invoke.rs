@@ -23,59 +23,60 @@ pub enum Outcome {
 /// Output a function may write before it is cut off.
 const MAX_OUTPUT: usize = 6 << 20;
 
-pub fn run(
-    spawner: &RemoteSpawner,
-    pool: &CgroupPool,
-    env_root: std::path::PathBuf,
-    dev_template: std::path::PathBuf,
-    f: &Function,
-    body: &[u8],
-) -> Outcome {
+/// One request for a function.
+pub struct Job {
+    pub env_root: std::path::PathBuf,
+    pub dev_template: std::path::PathBuf,
+    pub function: Function,
+    pub body: Vec<u8>,
+    /// The request's method, path, query and headers, as environment variables.
+    pub env: Vec<String>,
+}
+
+/// Runs `job`; returns what came of it and how long the sandbox took to start.
+pub fn run(spawner: &RemoteSpawner, pool: &CgroupPool, job: Job) -> (Outcome, Duration) {
+    let f = &job.function;
     let id = invocation_id();
     let limits = Limits {
         memory_bytes: f.memory_bytes,
         cpus: f.cpus,
         pids: f.pids,
     };
+    let started = Instant::now();
     let (slot, entry) = match pool.acquire(&id, &limits) {
         Ok(claimed) => claimed,
-        Err(e) => return Outcome::Overloaded(format!("{e:#}")),
+        Err(e) => return (Outcome::Overloaded(format!("{e:#}")), started.elapsed()),
     };
-    let outcome = run_in_slot(
-        spawner,
-        pool,
-        &slot,
-        &entry,
-        env_root,
-        dev_template,
-        f,
-        body,
-        &id,
-    );
+    let (outcome, start) = run_in_slot(spawner, pool, &slot, &entry, &job, &id);
     drop(entry);
     if let Err(e) = pool.release(slot.index) {
-        return Outcome::Failed(format!("cannot release the sandbox's cgroup: {e:#}"));
+        let message = format!("cannot release the sandbox's cgroup: {e:#}");
+        return (Outcome::Failed(message), start);
     }
-    outcome
+    (outcome, start)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn run_in_slot(
     spawner: &RemoteSpawner,
     pool: &CgroupPool,
     slot: &skiff_cgroups::Slot,
     entry: &skiff_cgroups::Entry,
-    env_root: std::path::PathBuf,
-    dev_template: std::path::PathBuf,
-    f: &Function,
-    body: &[u8],
+    job: &Job,
     id: &str,
-) -> Outcome {
+) -> (Outcome, Duration) {
+    let f = &job.function;
+    let started = Instant::now();
     let (stdin_r, stdin_w) = pipe();
     let (stdout_r, stdout_w) = pipe();
     let (stderr_r, stderr_w) = pipe();
     let handler = format!("/code/{}", f.handler.trim_start_matches("./"));
-    let mut spec = Spec::new(id, env_root, dev_template, vec![handler]);
+    let mut spec = Spec::new(
+        id,
+        job.env_root.clone(),
+        job.dev_template.clone(),
+        vec![handler],
+    );
+    spec.env.extend(job.env.iter().cloned());
     spec.stdio = [
         stdin_r.as_raw_fd(),
         stdout_w.as_raw_fd(),
@@ -83,11 +84,12 @@ fn run_in_slot(
     ];
     let child = match spawner.spawn(&spec, entry) {
         Ok(child) => child,
-        Err(e) => return Outcome::Failed(e.message),
+        Err(e) => return (Outcome::Failed(e.message), started.elapsed()),
     };
+    let start = started.elapsed();
     drop((stdin_r, stdout_w, stderr_w));
     // Feed stdin on its own thread: a function may write before it reads everything.
-    let input = body.to_vec();
+    let input = job.body.clone();
     let writer = std::thread::spawn(move || {
         let _ = std::fs::File::from(stdin_w).write_all(&input);
     });
@@ -96,12 +98,15 @@ fn run_in_slot(
     let status = child.wait();
     let _ = writer.join();
     if timed_out {
-        return Outcome::TimedOut;
+        return (Outcome::TimedOut, start);
     }
     if pool.oom_killed(slot) {
-        return Outcome::Crashed("the function ran out of memory".into());
+        return (
+            Outcome::Crashed("the function ran out of memory".into()),
+            start,
+        );
     }
-    match status {
+    let outcome = match status {
         Ok(ExitStatus::Exited(0)) => Outcome::Ok(out),
         Ok(status) => {
             let tail = String::from_utf8_lossy(&err[err.len().saturating_sub(500)..]).into_owned();
@@ -112,7 +117,8 @@ fn run_in_slot(
             Outcome::Crashed(format!("the function {how}: {}", tail.trim()))
         }
         Err(e) => Outcome::Failed(e.to_string()),
-    }
+    };
+    (outcome, start)
 }
 
 /// Reads stdout and stderr until both close or the deadline passes (then kills).

@@ -6,6 +6,8 @@
 //! Sandboxes come from a [`RemoteSpawner`] forked before the async runtime starts.
 
 mod invoke;
+mod metrics;
+mod openapi;
 mod registry;
 
 use std::net::SocketAddr;
@@ -15,14 +17,16 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::{Json, Router};
+use metrics::Metrics;
 use serde_json::json;
 use skiff_cgroups::CgroupPool;
 use skiff_sandbox::RemoteSpawner;
 use skiff_store::Store;
+use std::sync::atomic::Ordering;
 
 use registry::{Function, Registry};
 
@@ -41,6 +45,7 @@ struct Daemon {
     spawner: RemoteSpawner,
     registry: Registry,
     pool: CgroupPool,
+    metrics: Metrics,
 }
 
 /// An error answered as JSON `{"error": ...}` with its status.
@@ -64,6 +69,7 @@ pub fn serve(config: Config, spawner: RemoteSpawner) -> Result<()> {
         pool: CgroupPool::open(&config.data)?,
         data: config.data.clone(),
         spawner,
+        metrics: Metrics::default(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -112,6 +118,8 @@ fn router(daemon: Arc<Daemon>) -> Router {
             "/healthz",
             get(|| async { Json(json!({ "status": "ok" })) }),
         )
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(|| async { Json(openapi::document()) }))
         .route(
             "/v1/functions",
             get(list)
@@ -126,6 +134,14 @@ fn router(daemon: Arc<Daemon>) -> Router {
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(daemon)
+}
+
+async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
+    let functions = d.registry.list().map_or(0, |l| l.len());
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        d.metrics.render(functions),
+    )
 }
 
 async fn list(State(d): State<Arc<Daemon>>) -> Result<Json<Vec<Function>>, ApiError> {
@@ -219,15 +235,51 @@ fn deploy_blocking(d: &Daemon, tar_bytes: &[u8]) -> Result<Function, ApiError> {
 
 async fn invoke_path(
     state: State<Arc<Daemon>>,
-    UrlPath((name, _rest)): UrlPath<(String, String)>,
+    UrlPath((name, rest)): UrlPath<(String, String)>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    invoke(state, UrlPath(name), body).await
+    let path = format!("/{rest}");
+    invoke_with(state, name, path, method, uri, headers, body).await
 }
 
 async fn invoke(
-    State(d): State<Arc<Daemon>>,
+    state: State<Arc<Daemon>>,
     UrlPath(name): UrlPath<String>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    invoke_with(state, name, "/".into(), method, uri, headers, body).await
+}
+
+/// The request as a `binary` function sees it: environment variables beside the body
+/// on stdin (the CGI convention FRE's event handlers follow).
+fn request_env(method: &Method, path: &str, uri: &Uri, headers: &HeaderMap) -> Vec<String> {
+    let mut env = vec![
+        format!("SKIFF_METHOD={method}"),
+        format!("SKIFF_PATH={path}"),
+        format!("SKIFF_QUERY={}", uri.query().unwrap_or("")),
+    ];
+    for (name, value) in headers {
+        if let Ok(value) = value.to_str() {
+            let key = name.as_str().to_ascii_uppercase().replace('-', "_");
+            env.push(format!("SKIFF_HEADER_{key}={value}"));
+        }
+    }
+    env
+}
+
+async fn invoke_with(
+    State(d): State<Arc<Daemon>>,
+    name: String,
+    path: String,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let Some(f) = d.registry.get(&name) else {
@@ -241,29 +293,60 @@ async fn invoke(
         );
         return ApiError(StatusCode::NOT_IMPLEMENTED, message).into_response();
     }
+    let env = request_env(&method, &path, &uri, &headers);
+    let started = std::time::Instant::now();
+    let daemon = d.clone();
+    d.metrics.inflight.fetch_add(1, Ordering::Relaxed);
     let outcome = tokio::task::spawn_blocking(move || {
-        let store_root = d.data.join("envs").join(&f.env).join("root");
-        let dev = match skiff_sandbox::devices::ensure(&d.data) {
+        let dev_template = match skiff_sandbox::devices::ensure(&daemon.data) {
             Ok(dev) => dev,
-            Err(e) => return invoke::Outcome::Failed(format!("{e:#}")),
+            Err(e) => {
+                return (
+                    invoke::Outcome::Failed(format!("{e:#}")),
+                    Default::default(),
+                )
+            }
         };
-        invoke::run(&d.spawner, &d.pool, store_root, dev, &f, &body)
+        let job = invoke::Job {
+            env_root: daemon.data.join("envs").join(&f.env).join("root"),
+            dev_template,
+            function: f,
+            body: body.to_vec(),
+            env,
+        };
+        invoke::run(&daemon.spawner, &daemon.pool, job)
     })
     .await;
-    match outcome {
-        Ok(invoke::Outcome::Ok(out)) => (StatusCode::OK, out).into_response(),
-        Ok(invoke::Outcome::Crashed(m)) => ApiError(StatusCode::BAD_GATEWAY, m).into_response(),
-        Ok(invoke::Outcome::TimedOut) => {
-            ApiError(StatusCode::GATEWAY_TIMEOUT, "the function timed out".into()).into_response()
+    d.metrics.inflight.fetch_sub(1, Ordering::Relaxed);
+    let (response, cold_start) = match outcome {
+        Ok((invoke::Outcome::Ok(out), start)) => {
+            ((StatusCode::OK, out).into_response(), Some(start))
         }
-        Ok(invoke::Outcome::Overloaded(m)) => {
-            ApiError(StatusCode::SERVICE_UNAVAILABLE, m).into_response()
-        }
-        Ok(invoke::Outcome::Failed(m)) => {
-            ApiError(StatusCode::INTERNAL_SERVER_ERROR, m).into_response()
-        }
-        Err(e) => internal(e).into_response(),
-    }
+        Ok((invoke::Outcome::Crashed(m), start)) => (
+            ApiError(StatusCode::BAD_GATEWAY, m).into_response(),
+            Some(start),
+        ),
+        Ok((invoke::Outcome::TimedOut, start)) => (
+            ApiError(StatusCode::GATEWAY_TIMEOUT, "the function timed out".into()).into_response(),
+            Some(start),
+        ),
+        Ok((invoke::Outcome::Overloaded(m), _)) => (
+            ApiError(StatusCode::SERVICE_UNAVAILABLE, m).into_response(),
+            None,
+        ),
+        Ok((invoke::Outcome::Failed(m), _)) => (
+            ApiError(StatusCode::INTERNAL_SERVER_ERROR, m).into_response(),
+            None,
+        ),
+        Err(e) => (internal(e).into_response(), None),
+    };
+    d.metrics.record(
+        &name,
+        response.status().as_u16(),
+        started.elapsed(),
+        cold_start,
+    );
+    response
 }
 
 /// The default socket, overridable by `--socket` / `SKIFF_SOCKET`.

@@ -217,3 +217,54 @@ fn functions_survive_a_daemon_killed_with_sigkill() {
     assert!(out.status.success());
     assert_eq!(daemon.http("POST", "/fn/echo", "").0, 404);
 }
+
+#[test]
+fn requests_reach_the_function_and_metrics_count_them() {
+    let data = Data::new("serve-metrics", 8);
+    let daemon = Daemon::start(&data);
+    let script = "#include <stdio.h>\n#include <stdlib.h>\nint main(void) { printf(\"%s %s %s %s\", getenv(\"SKIFF_METHOD\"), getenv(\"SKIFF_PATH\"), getenv(\"SKIFF_QUERY\"), getenv(\"SKIFF_HEADER_HOST\")); return 0; }\n";
+    let dir = function(
+        &data,
+        "env",
+        "name: env\nruntime: binary\nhandler: ./main\n",
+        Some(script),
+    );
+    assert!(daemon
+        .cli(&data, &["deploy", dir.to_str().unwrap()])
+        .status
+        .success());
+    assert_eq!(
+        daemon.http("PUT", "/fn/env/a/b?x=1", ""),
+        (200, "PUT /a/b x=1 x".to_owned())
+    );
+    assert_eq!(daemon.http("POST", "/fn/missing", "").0, 404);
+    let (status, metrics) = daemon.http("GET", "/metrics", "");
+    assert_eq!(status, 200);
+    for line in [
+        "skiff_functions 1",
+        "skiff_invocations_total{function=\"env\",status=\"2xx\"} 1",
+        "skiff_cold_start_seconds_count{function=\"env\"} 1",
+        "skiff_invocation_seconds_count{function=\"env\"} 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in:\n{metrics}"
+        );
+    }
+    let (status, api) = daemon.http("GET", "/openapi.json", "");
+    assert_eq!(status, 200);
+    let api: serde_json::Value = serde_json::from_str(&api).unwrap();
+    for path in [
+        "/v1/functions",
+        "/v1/functions/{name}",
+        "/fn/{name}",
+        "/function/{name}",
+        "/metrics",
+        "/healthz",
+    ] {
+        assert!(
+            api["paths"].get(path).is_some(),
+            "{path} missing from openapi.json"
+        );
+    }
+}
