@@ -31,12 +31,12 @@ const TMPFS_MAGIC: i64 = 0x0102_1994;
 /// (claims, records of running sandboxes). Mounted on first use, and again after a reboot.
 pub fn run_dir(data: &Path) -> io::Result<PathBuf> {
     let dir = data.join("run");
-    if is_tmpfs(&dir) {
+    if is_tmpfs_mount(&dir) {
         return Ok(dir);
     }
     std::fs::create_dir_all(&dir)?;
     let _lock = lock_file(&data.join("run.lock"))?;
-    if !is_tmpfs(&dir) {
+    if !is_tmpfs_mount(&dir) {
         let target = CString::new(dir.as_os_str().as_bytes()).map_err(io::Error::other)?;
         let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
         // SAFETY: valid C strings.
@@ -59,26 +59,42 @@ pub fn run_dir(data: &Path) -> io::Result<PathBuf> {
 /// Unmounts the run directory (with every claim and record in it).
 pub fn remove_run_dir(data: &Path) -> io::Result<bool> {
     let dir = data.join("run");
-    if !is_tmpfs(&dir) {
+    if !is_tmpfs_mount(&dir) {
         return Ok(false);
     }
     let target = CString::new(dir.as_os_str().as_bytes()).map_err(io::Error::other)?;
     // SAFETY: a valid C string.
     if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
-        return Err(io::Error::last_os_error());
+        let err = io::Error::last_os_error();
+        return Err(io::Error::new(
+            err.kind(),
+            format!("cannot unmount {}: {err}", dir.display()),
+        ));
     }
     let _ = std::fs::remove_dir(&dir);
     let _ = std::fs::remove_file(data.join("run.lock"));
     Ok(true)
 }
 
-pub fn is_tmpfs(path: &Path) -> bool {
+/// Whether a tmpfs is mounted at `path` itself: on a file system of its own (another
+/// device than its parent's) of type tmpfs. Being *on* a tmpfs is not enough: the data
+/// directory itself may live on one.
+pub fn is_tmpfs_mount(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
     let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let (Ok(here), Some(Ok(parent))) = (
+        std::fs::metadata(path),
+        path.parent().map(std::fs::metadata),
+    ) else {
         return false;
     };
     // SAFETY: statfs into a zeroed local struct.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC }
+    let tmpfs =
+        unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC };
+    tmpfs && here.dev() != parent.dev()
 }
 
 /// Takes an exclusive lock on `path` (created if needed), held until the file is dropped.

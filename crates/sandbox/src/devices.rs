@@ -35,12 +35,12 @@ fn template_dir(data: &Path) -> PathBuf {
 /// The template's path, creating it if it is not mounted (first use, or after a reboot).
 pub fn ensure(data: &Path) -> Result<PathBuf> {
     let dir = template_dir(data);
-    if skiff_pool::is_tmpfs(&dir) {
+    if skiff_pool::is_tmpfs_mount(&dir) {
         return Ok(dir);
     }
     std::fs::create_dir_all(data.join("pool"))?;
     let _lock = skiff_pool::lock_file(&data.join("pool").join("dev.lock"))?;
-    if !skiff_pool::is_tmpfs(&dir) {
+    if !skiff_pool::is_tmpfs_mount(&dir) {
         create(&dir)
             .with_context(|| format!("cannot create the /dev template {}", dir.display()))?;
     }
@@ -50,7 +50,7 @@ pub fn ensure(data: &Path) -> Result<PathBuf> {
 /// Unmounts and removes the template; returns whether there was one.
 pub fn remove(data: &Path) -> Result<bool> {
     let dir = template_dir(data);
-    let mounted = skiff_pool::is_tmpfs(&dir);
+    let mounted = skiff_pool::is_tmpfs_mount(&dir);
     if mounted {
         let c = cstr(&dir)?;
         // SAFETY: a valid path; MNT_DETACH takes the node binds along.
