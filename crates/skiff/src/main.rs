@@ -126,7 +126,24 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help, --version, and bare `skiff` (which shows the help).
+        Err(e)
+            if !e.use_stderr()
+                || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            // Usage errors as one line, like every other error of skiff's own.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            let message = first.trim_start_matches("error: ");
+            eprintln!("skiff: error: {message} (see `skiff help`)");
+            return ExitCode::from(125);
+        }
+    };
     let data = cli.data;
     let target = client::Target {
         socket: &cli.socket,

@@ -5,28 +5,45 @@
 //! Each test binary uses a different part of this module.
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 pub const SKIFF: &str = env!("CARGO_BIN_EXE_skiff");
 
 const APPLETS: &[&str] = &[
     "sh", "cat", "echo", "id", "readlink", "ls", "touch", "ip", "dd", "sleep", "grep", "find",
-    "mkdir", "true", "seq", "hostname", "wc", "test",
+    "mkdir", "true", "seq", "hostname", "wc", "test", "[",
 ];
 
-/// The test rootfs (built once per test binary): busybox, its applets, `probe`, and the
-/// directories skiff mounts on.
+/// The name the probe is also installed under in the rootfs, so that the processes it
+/// leaves behind (`probe zombies`) can be told apart on the host by their `comm`.
+pub const ZOMBIE_MAKER: &str = "zmaker";
+
+static ROOTFS: OnceLock<PathBuf> = OnceLock::new();
+
+extern "C" fn remove_rootfs() {
+    if let Some(root) = ROOTFS.get() {
+        let _ = std::fs::remove_dir_all(root);
+    }
+}
+
+/// The test rootfs (built once per test binary, removed when it exits): busybox and its
+/// applets, `probe` (from tests/probe/probe.c, also as `zmaker`), a non-executable file,
+/// and the directories skiff mounts on.
 pub fn rootfs() -> &'static Path {
-    static ROOTFS: OnceLock<PathBuf> = OnceLock::new();
     ROOTFS.get_or_init(|| {
-        let root =
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("rootfs-{}", std::process::id()));
+        let parent = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        remove_stale_rootfs(parent);
+        let root = parent.join(format!("rootfs-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        for dir in ["bin", "proc", "dev", "tmp", "work", "data"] {
+        for dir in ["bin", "proc", "dev", "tmp", "work", "etc", "data"] {
             std::fs::create_dir_all(root.join(dir)).unwrap();
         }
+        // SAFETY: registers a plain extern "C" function, run when the test binary exits.
+        unsafe { libc::atexit(remove_rootfs) };
         let busybox = Path::new("/bin/busybox");
         assert!(
             busybox.exists(),
@@ -37,16 +54,39 @@ pub fn rootfs() -> &'static Path {
             std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
         }
         let probe_src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/probe/probe.c");
-        let status = Command::new("gcc")
-            .args(["-static", "-O2", "-o"])
+        let out = Command::new("gcc")
+            .args(["-static", "-O2", "-Wall", "-o"])
             .arg(root.join("bin/probe"))
             .arg(&probe_src)
-            .status()
-            .expect("gcc is needed to build tests/probe/probe.c");
-        assert!(status.success(), "cannot compile probe.c");
+            .output()
+            .expect("gcc is needed to build tests/probe/probe.c (install gcc and libc6-dev)");
+        assert!(
+            out.status.success(),
+            "cannot compile {}: {}",
+            probe_src.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::copy(root.join("bin/probe"), root.join("bin").join(ZOMBIE_MAKER)).unwrap();
         std::fs::write(root.join("bin/not-executable"), "data\n").unwrap();
+        std::fs::write(root.join("etc/passwd"), "root:x:0:0::/:/bin/sh\n").unwrap();
         root
     })
+}
+
+/// Removes the rootfs of test binaries that died without running their exit handlers.
+fn remove_stale_rootfs(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("rootfs-")) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// A data directory with its own cgroup pool; dropping it removes the pools and checks
@@ -115,34 +155,32 @@ impl Data {
         stdout(&out).trim().to_owned()
     }
 
-    /// (id, host pid) of every sandbox `skiff ps --json` lists.
+    /// (id, host pid, status) of every sandbox `skiff ps --json` lists.
     pub fn ps(&self) -> Vec<(String, i32, String)> {
         let out = self.skiff(&["ps", "--json"]);
         assert!(out.status.success(), "ps: {}", stderr(&out));
-        let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        rows.as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                (
-                    r["id"].as_str().unwrap().to_owned(),
-                    r["pid"].as_i64().unwrap() as i32,
-                    r["status"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect()
+        parse_ps(&out).unwrap_or_else(|| panic!("ps --json: {}", stdout(&out)))
+    }
+
+    /// The host pid of the sandbox `id` as `skiff ps --json` gives it.
+    pub fn pid_of(&self, id: &str) -> i32 {
+        let rows = self.ps();
+        rows.iter()
+            .find(|(i, _, _)| i == id)
+            .unwrap_or_else(|| panic!("sandbox {id} is not in `skiff ps`: {rows:?}"))
+            .1
     }
 
     /// The host pid of the only sandbox, once its record is written (just after the
     /// command started, so a test that saw its output may have to wait a moment).
     pub fn wait_for_one_sandbox(&self) -> i32 {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             if let [(_, pid, _)] = self.ps()[..] {
                 return pid;
             }
-            assert!(std::time::Instant::now() < deadline, "no sandbox record");
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            assert!(Instant::now() < deadline, "no sandbox record");
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -164,22 +202,74 @@ impl Data {
             .map(PathBuf::from)
             .collect()
     }
+
+    /// The pool's directory name, `skiff-<8 hex digits>`.
+    pub fn pool_name(&self) -> String {
+        let name = self
+            .pool_name_unchecked()
+            .expect("`skiff pool` prints `path: ...`");
+        assert!(
+            name.len() == 14
+                && name.starts_with("skiff-")
+                && name[6..].bytes().all(|b| b.is_ascii_hexdigit()),
+            "pool directory {name:?} is not named skiff-<8 hex digits>"
+        );
+        name
+    }
+
+    fn pool_name_unchecked(&self) -> Option<String> {
+        let paths = self.pool_paths();
+        let name = paths.first()?.file_name()?;
+        Some(name.to_string_lossy().into_owned())
+    }
+
+    /// Every process in any cgroup of the pool (in any hierarchy, at any depth).
+    pub fn pool_processes(&self) -> Vec<i32> {
+        let mut pids = BTreeSet::new();
+        for path in self.pool_paths() {
+            collect_procs(&path, &mut pids);
+        }
+        pids.into_iter().collect()
+    }
+
+    /// mountinfo lines that name a path in the data directory.
+    pub fn mounts(&self) -> Vec<String> {
+        mountinfo_lines_naming(&self.dir)
+    }
+
+    /// Host processes whose command line names the data directory: skiff processes
+    /// (or helpers they started) working on it.
+    pub fn skiff_processes(&self) -> Vec<(i32, String)> {
+        let dir = self.dir.to_string_lossy().into_owned();
+        processes()
+            .into_iter()
+            .filter(|p| {
+                p.cmdline
+                    .split('\0')
+                    .any(|arg| arg == dir || arg.starts_with(&format!("{dir}/")))
+            })
+            .map(|p| (p.pid, p.cmdline.replace('\0', " ")))
+            .collect()
+    }
 }
 
 impl Drop for Data {
     fn drop(&mut self) {
         // A failed test may leave sandboxes running: end them first.
-        for (id, _, _) in self.ps() {
+        let listed = parse_ps(&self.skiff(&["ps", "--json"])).unwrap_or_default();
+        for (id, _, _) in listed {
             let _ = self.skiff(&["kill", &id]);
         }
+        let name = self.pool_name_unchecked();
         let paths = self.pool_paths();
         let out = self.skiff(&["gc", "--pools"]);
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let leaked_mounts: Vec<&str> = mounts
-            .lines()
-            .filter(|l| l.contains(self.dir.to_str().unwrap()))
-            .collect();
-        let leaked_cgroups: Vec<&PathBuf> = paths.iter().filter(|p| p.exists()).collect();
+        let leaked_mounts = self.mounts();
+        let mut leaked_cgroups: Vec<PathBuf> = paths.into_iter().filter(|p| p.exists()).collect();
+        if let Some(name) = name {
+            leaked_cgroups.extend(cgroup_dirs_named(&name));
+        }
+        leaked_cgroups.sort();
+        leaked_cgroups.dedup();
         let _ = std::fs::remove_dir_all(&self.dir);
         if !std::thread::panicking() {
             assert!(out.status.success(), "gc --pools: {}", stderr(&out));
@@ -190,6 +280,140 @@ impl Drop for Data {
             );
         }
     }
+}
+
+fn parse_ps(out: &Output) -> Option<Vec<(String, i32, String)>> {
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    rows.as_array()?
+        .iter()
+        .map(|r| {
+            Some((
+                r["id"].as_str()?.to_owned(),
+                i32::try_from(r["pid"].as_i64()?).ok()?,
+                r["status"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+fn collect_procs(dir: &Path, pids: &mut BTreeSet<i32>) {
+    if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        pids.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                collect_procs(&entry.path(), pids);
+            }
+        }
+    }
+}
+
+/// Directories called `name` where skiff puts pools: under this process's own cgroup in
+/// every hierarchy mounted below /sys/fs/cgroup (and its root, for a pure cgroup2 host).
+pub fn cgroup_dirs_named(name: &str) -> Vec<PathBuf> {
+    let own: BTreeSet<String> = std::fs::read_to_string("/proc/self/cgroup")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .map(|p| p.trim_start_matches('/').to_owned())
+        .collect();
+    let root = Path::new("/sys/fs/cgroup");
+    let mut hierarchies = vec![root.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(root) {
+        hierarchies.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+    }
+    let mut found = Vec::new();
+    for hierarchy in &hierarchies {
+        for path in &own {
+            let dir = hierarchy.join(path).join(name);
+            if dir.exists() {
+                found.push(dir);
+            }
+        }
+    }
+    found
+}
+
+/// mountinfo lines (of this process's mount namespace) that name `path` or a path in it.
+pub fn mountinfo_lines_naming(path: &Path) -> Vec<String> {
+    let path = path.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            l.split(' ')
+                .any(|field| field == path || field.starts_with(&format!("{path}/")))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// One host process as /proc shows it.
+#[derive(Debug, Clone)]
+pub struct Process {
+    pub pid: i32,
+    pub ppid: i32,
+    pub state: char,
+    pub comm: String,
+    /// Arguments separated by NUL.
+    pub cmdline: String,
+}
+
+/// Every process on the host (that did not exit while being read).
+pub fn processes() -> Vec<Process> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        all.push(Process {
+            pid,
+            ppid: field("PPid:").parse().unwrap_or(0),
+            state: field("State:").chars().next().unwrap_or('?'),
+            comm: field("Name:"),
+            cmdline: String::from_utf8_lossy(&cmdline)
+                .trim_end_matches('\0')
+                .to_owned(),
+        });
+    }
+    all
+}
+
+pub fn pid_alive(pid: i32) -> bool {
+    // A zombie has exited: it only waits for its parent.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Waits up to `timeout` for `pid` to be gone (or a zombie); true when it is.
+pub fn wait_gone(pid: i32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while pid_alive(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
 }
 
 pub fn stdout(out: &Output) -> String {
