@@ -47,9 +47,8 @@ fn build(data: &Data, dir: &Path) -> Output {
     out
 }
 
-fn assert_hello_python_runs(data: &Data) {
-    let out = data
-        .cmd()
+fn run_hello_python(data: &Data) -> Output {
+    data.cmd()
         .args([
             "run",
             "--env",
@@ -59,7 +58,11 @@ fn assert_hello_python_runs(data: &Data) {
             "/code/main.py",
         ])
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+fn assert_hello_python_runs(data: &Data) {
+    let out = run_hello_python(data);
     assert!(stdout(&out).contains("hello, skiff"), "{}", stderr(&out));
 }
 
@@ -109,18 +112,7 @@ fn hello_functions_run_on_their_environments() {
     for dir in [&py, &node, &bin] {
         build(&data, dir);
     }
-    let out = data
-        .cmd()
-        .args([
-            "run",
-            "--env",
-            "hello-python",
-            "--",
-            "/usr/bin/python3",
-            "/code/main.py",
-        ])
-        .output()
-        .unwrap();
+    let out = run_hello_python(&data);
     assert_eq!(
         stdout(&out),
         "{\"greeting\": \"hello, skiff\", \"runtime\": \"python3\"}\n",
