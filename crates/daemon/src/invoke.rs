@@ -31,12 +31,37 @@ pub struct Job {
     pub body: Vec<u8>,
     /// The request's method, path, query and headers, as environment variables.
     pub env: Vec<String>,
+    /// `network: none`: the network namespace to join.
+    pub netns: Option<OwnedFd>,
 }
 
-/// Runs `job`; returns what came of it and how long the sandbox took to start.
-pub fn run(spawner: &RemoteSpawner, pool: &CgroupPool, job: Job) -> (Outcome, Duration) {
+/// The request as a `binary` function sees it: environment variables beside the body
+/// on stdin (the CGI convention FRE's event handlers follow).
+pub fn request_env(request: &crate::engine::Request) -> Vec<String> {
+    let mut env = vec![
+        format!("SKIFF_METHOD={}", request.method),
+        format!("SKIFF_PATH={}", request.path),
+        format!("SKIFF_QUERY={}", request.query),
+    ];
+    for (name, value) in &request.headers {
+        let key = name.to_ascii_uppercase().replace('-', "_");
+        env.push(format!("SKIFF_HEADER_{key}={value}"));
+    }
+    env
+}
+
+/// What came of a job, how long its sandbox took to start, and what it wrote to stderr.
+pub struct Ran {
+    pub outcome: Outcome,
+    pub start: Duration,
+    pub stderr: Vec<u8>,
+}
+
+/// Runs `job`.
+pub fn run(spawner: &RemoteSpawner, pool: &CgroupPool, job: Job) -> Ran {
     let f = &job.function;
-    let id = invocation_id();
+    // `serve-`: a restarted daemon frees claims its predecessor left.
+    let id = format!("serve-{}", crate::invocations::new_id());
     let limits = Limits {
         memory_bytes: f.memory_bytes,
         cpus: f.cpus,
@@ -45,15 +70,20 @@ pub fn run(spawner: &RemoteSpawner, pool: &CgroupPool, job: Job) -> (Outcome, Du
     let started = Instant::now();
     let (slot, entry) = match pool.acquire(&id, &limits) {
         Ok(claimed) => claimed,
-        Err(e) => return (Outcome::Overloaded(format!("{e:#}")), started.elapsed()),
+        Err(e) => {
+            return Ran {
+                outcome: Outcome::Overloaded(format!("{e:#}")),
+                start: started.elapsed(),
+                stderr: Vec::new(),
+            }
+        }
     };
-    let (outcome, start) = run_in_slot(spawner, pool, &slot, &entry, &job, &id);
+    let mut ran = run_in_slot(spawner, pool, &slot, &entry, &job, &id);
     drop(entry);
     if let Err(e) = pool.release(slot.index) {
-        let message = format!("cannot release the sandbox's cgroup: {e:#}");
-        return (Outcome::Failed(message), start);
+        ran.outcome = Outcome::Failed(format!("cannot release the sandbox's cgroup: {e:#}"));
     }
-    (outcome, start)
+    ran
 }
 
 fn run_in_slot(
@@ -63,7 +93,7 @@ fn run_in_slot(
     entry: &skiff_cgroups::Entry,
     job: &Job,
     id: &str,
-) -> (Outcome, Duration) {
+) -> Ran {
     let f = &job.function;
     let started = Instant::now();
     let (stdin_r, stdin_w) = pipe();
@@ -76,7 +106,10 @@ fn run_in_slot(
         job.dev_template.clone(),
         vec![handler],
     );
+    spec.env
+        .extend(f.vars.iter().map(|(k, v)| format!("{k}={v}")));
     spec.env.extend(job.env.iter().cloned());
+    spec.netns = job.netns.as_ref().and_then(|fd| fd.try_clone().ok());
     spec.stdio = [
         stdin_r.as_raw_fd(),
         stdout_w.as_raw_fd(),
@@ -84,7 +117,13 @@ fn run_in_slot(
     ];
     let child = match spawner.spawn(&spec, entry) {
         Ok(child) => child,
-        Err(e) => return (Outcome::Failed(e.message), started.elapsed()),
+        Err(e) => {
+            return Ran {
+                outcome: Outcome::Failed(e.message),
+                start: started.elapsed(),
+                stderr: Vec::new(),
+            }
+        }
     };
     let start = started.elapsed();
     drop((stdin_r, stdout_w, stderr_w));
@@ -97,28 +136,32 @@ fn run_in_slot(
     let (out, err, timed_out) = collect(stdout_r, stderr_r, deadline, &child);
     let status = child.wait();
     let _ = writer.join();
-    if timed_out {
-        return (Outcome::TimedOut, start);
-    }
-    if pool.oom_killed(slot) {
-        return (
-            Outcome::Crashed("the function ran out of memory".into()),
-            start,
-        );
-    }
-    let outcome = match status {
-        Ok(ExitStatus::Exited(0)) => Outcome::Ok(out),
-        Ok(status) => {
-            let tail = String::from_utf8_lossy(&err[err.len().saturating_sub(500)..]).into_owned();
-            let how = match status {
-                ExitStatus::Exited(c) => format!("exited with {c}"),
-                ExitStatus::Signaled(s) => format!("was killed by signal {s}"),
-            };
-            Outcome::Crashed(format!("the function {how}: {}", tail.trim()))
+    let outcome = if timed_out {
+        Outcome::TimedOut
+    } else if pool.oom_killed(slot) {
+        Outcome::Crashed(
+            "the function ran out of memory (killed by the kernel's OOM killer)".into(),
+        )
+    } else {
+        match status {
+            Ok(ExitStatus::Exited(0)) => Outcome::Ok(out),
+            Ok(status) => {
+                let tail =
+                    String::from_utf8_lossy(&err[err.len().saturating_sub(500)..]).into_owned();
+                let how = match status {
+                    ExitStatus::Exited(c) => format!("exited with {c}"),
+                    ExitStatus::Signaled(s) => format!("was killed by signal {s}"),
+                };
+                Outcome::Crashed(format!("the function {how}: {}", tail.trim()))
+            }
+            Err(e) => Outcome::Failed(e.to_string()),
         }
-        Err(e) => Outcome::Failed(e.to_string()),
     };
-    (outcome, start)
+    Ran {
+        outcome,
+        start,
+        stderr: err,
+    }
 }
 
 /// Reads stdout and stderr until both close or the deadline passes (then kills).
@@ -179,18 +222,11 @@ fn collect(
     }
 }
 
-fn pipe() -> (OwnedFd, OwnedFd) {
+pub(crate) fn pipe() -> (OwnedFd, OwnedFd) {
     let mut fds = [0; 2];
     // SAFETY: a valid out-array; the two descriptors are new and ours.
     unsafe {
         assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC), 0, "pipe2");
         (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
     }
-}
-
-fn invocation_id() -> String {
-    let mut buf = [0u8; 6];
-    // SAFETY: buf is valid for 6 bytes.
-    unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-    buf.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -1,34 +1,40 @@
 //! `skiff serve`: one process answering HTTP/1.1 on a Unix socket and on TCP, with the
-//! function registry and the store in the data directory (no outside service).
-//!
-//! This first cut deploys functions (a tar of the function's directory), lists,
-//! describes and deletes them, and invokes `binary` functions, one sandbox per request.
-//! Sandboxes come from a [`RemoteSpawner`] forked before the async runtime starts.
+//! function registry, the store, logs and invocation records in the data directory (no
+//! outside service). The HTTP layer here only translates: scheduling lives in
+//! [`engine`], sandboxes come from a [`RemoteSpawner`] forked before the async runtime.
 
+mod engine;
+mod instance;
+mod invocations;
 mod invoke;
+mod logs;
 mod metrics;
 mod openapi;
+mod protocol;
 mod registry;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, Query, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
-use axum::{Json, Router};
-use metrics::Metrics;
+use axum::routing::{any, get, post};
+use axum::{Extension, Json, Router};
+use serde::Deserialize;
 use serde_json::json;
-use skiff_cgroups::CgroupPool;
 use skiff_sandbox::RemoteSpawner;
 use skiff_store::Store;
-use std::sync::atomic::Ordering;
 
-use registry::{Function, Registry};
+use engine::{Engine, FnPool};
+use invocations::{Record, Status, StoredRequest};
+use registry::Function;
 
 /// Largest deploy (a tar of the function's directory) and invocation body.
 const MAX_DEPLOY: usize = 256 << 20;
@@ -38,14 +44,16 @@ pub struct Config {
     pub data: PathBuf,
     pub socket: PathBuf,
     pub listen: SocketAddr,
+    /// How long invocation records are kept.
+    pub keep_records: Duration,
 }
 
-struct Daemon {
-    data: PathBuf,
-    spawner: RemoteSpawner,
-    registry: Registry,
-    pool: CgroupPool,
-    metrics: Metrics,
+/// Which listener a request came in on: deploying a host path is for the Unix socket
+/// (whose permissions say who may), never for TCP.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Unix,
+    Tcp,
 }
 
 /// An error answered as JSON `{"error": ...}` with its status.
@@ -61,22 +69,45 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
+fn not_found(name: &str) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, format!("no function named {name:?}"))
+}
+
+/// A body that could not be read (too large, cut off) as a JSON error.
+fn body_error(e: BytesRejection) -> ApiError {
+    let status = e.status();
+    let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        format!("the body is larger than the {} MiB limit", MAX_BODY >> 20)
+    } else {
+        e.body_text()
+    };
+    ApiError(status, message)
+}
+
 /// Runs the daemon until SIGINT or SIGTERM. `spawner` was forked while the caller was
 /// still single-threaded.
 pub fn serve(config: Config, spawner: RemoteSpawner) -> Result<()> {
-    let daemon = Arc::new(Daemon {
-        registry: Registry::open(&config.data)?,
-        pool: CgroupPool::open(&config.data)?,
-        data: config.data.clone(),
-        spawner,
-        metrics: Metrics::default(),
-    });
+    std::fs::create_dir_all(&config.data)
+        .with_context(|| format!("cannot create {}", config.data.display()))?;
+    let lock_path = config.data.join("serve.lock");
+    let _lock = skiff_pool::try_lock_file(&lock_path)?.with_context(|| {
+        format!(
+            "another skiff serve is using {} (it holds {})",
+            config.data.display(),
+            lock_path.display()
+        )
+    })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let app = router(daemon);
+        let (engine, unfinished) = Engine::new(config.data.clone(), spawner, config.keep_records)?;
+        let engine = Arc::new(engine);
+        tokio::spawn(engine.clone().keep_alive_loop());
+        for (record, request) in unfinished {
+            resume_async(&engine, record, request);
+        }
         if let Some(dir) = config.socket.parent() {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
@@ -102,22 +133,22 @@ pub fn serve(config: Config, spawner: RemoteSpawner) -> Result<()> {
                 _ = term.recv() => {}
             }
         };
-        let on_unix = axum::serve(unix, app.clone()).with_graceful_shutdown(shutdown());
-        let on_tcp = axum::serve(tcp, app).with_graceful_shutdown(shutdown());
+        let on_unix =
+            axum::serve(unix, router(engine.clone(), Via::Unix)).with_graceful_shutdown(shutdown());
+        let on_tcp =
+            axum::serve(tcp, router(engine.clone(), Via::Tcp)).with_graceful_shutdown(shutdown());
         let (a, b) = tokio::join!(on_unix, on_tcp);
         let _ = std::fs::remove_file(&config.socket);
+        engine.stop_all().await;
         a.context("unix socket")?;
         b.context("tcp")?;
         Ok(())
     })
 }
 
-fn router(daemon: Arc<Daemon>) -> Router {
+fn router(engine: Arc<Engine>, via: Via) -> Router {
     Router::new()
-        .route(
-            "/healthz",
-            get(|| async { Json(json!({ "status": "ok" })) }),
-        )
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(|| async { Json(openapi::document()) }))
         .route(
@@ -127,76 +158,174 @@ fn router(daemon: Arc<Daemon>) -> Router {
                 .layer(DefaultBodyLimit::max(MAX_DEPLOY)),
         )
         .route("/v1/functions/{name}", get(describe).delete(remove))
+        .route("/v1/functions/{name}/logs", get(logs))
+        .route("/v1/instances", get(instances))
+        .route("/v1/invocations", get(list_invocations))
+        .route("/v1/invocations/{id}", get(get_invocation))
         .route("/fn/{name}", any(invoke))
         .route("/fn/{name}/{*rest}", any(invoke_path))
         .route("/function/{name}", any(invoke))
         .route("/function/{name}/{*rest}", any(invoke_path))
+        .route("/async/{name}", post(invoke_async))
+        .route("/async/{name}/{*rest}", post(invoke_async_path))
+        .route("/async-function/{name}", post(invoke_async))
+        .route("/async-function/{name}/{*rest}", post(invoke_async_path))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(daemon)
+        .layer(Extension(via))
+        .with_state(engine)
 }
 
-async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
-    let functions = d.registry.list().map_or(0, |l| l.len());
+/// Liveness, and which data directory this daemon serves (`skiff ps` checks it).
+async fn healthz(State(e): State<Arc<Engine>>) -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok", "data": e.data }))
+}
+
+async fn metrics(State(e): State<Arc<Engine>>) -> impl IntoResponse {
+    let functions = e.registry.list().map_or(0, |l| l.len());
     (
         [("content-type", "text/plain; version=0.0.4")],
-        d.metrics.render(functions),
+        e.metrics.render(functions, &e.gauges()),
     )
 }
 
-async fn list(State(d): State<Arc<Daemon>>) -> Result<Json<Vec<Function>>, ApiError> {
-    d.registry.list().map(Json).map_err(internal)
+async fn list(State(e): State<Arc<Engine>>) -> Result<Json<Vec<Function>>, ApiError> {
+    e.registry.list().map(Json).map_err(internal)
 }
 
 async fn describe(
-    State(d): State<Arc<Daemon>>,
+    State(e): State<Arc<Engine>>,
     UrlPath(name): UrlPath<String>,
-) -> Result<Json<Function>, ApiError> {
-    d.registry
-        .get(&name)
-        .map(Json)
-        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no function named {name:?}")))
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let f = e.registry.get(&name).ok_or_else(|| not_found(&name))?;
+    let instances: Vec<_> = e
+        .instances()
+        .into_iter()
+        .filter(|i| i.function == name)
+        .collect();
+    let mut value = serde_json::to_value(f).map_err(internal)?;
+    value["instances"] = serde_json::to_value(instances).map_err(internal)?;
+    Ok(Json(value))
 }
 
 async fn remove(
-    State(d): State<Arc<Daemon>>,
+    State(e): State<Arc<Engine>>,
     UrlPath(name): UrlPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    match d.registry.remove(&name) {
-        Ok(true) => Ok(StatusCode::NO_CONTENT),
-        Ok(false) => Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("no function named {name:?}"),
-        )),
-        Err(e) => Err(internal(e)),
+    match e.registry.remove(&name) {
+        Ok(true) => {
+            e.uninstall(&name);
+            e.logs.remove(&name);
+            Ok(StatusCode::NO_CONTENT)
+        }
+        Ok(false) => Err(not_found(&name)),
+        Err(err) => Err(internal(err)),
     }
 }
 
-/// `POST /v1/functions` with a tar of the function's directory.
-async fn deploy(
-    State(d): State<Arc<Daemon>>,
-    body: Bytes,
-) -> Result<(StatusCode, Json<Function>), ApiError> {
-    let d2 = d.clone();
-    let f = tokio::task::spawn_blocking(move || deploy_blocking(&d2, &body))
-        .await
-        .map_err(internal)??;
-    Ok((StatusCode::CREATED, Json(f)))
+#[derive(Deserialize)]
+struct DeployQuery {
+    /// A directory on the daemon's host to deploy instead of a tar body.
+    path: Option<PathBuf>,
 }
 
-fn deploy_blocking(d: &Daemon, tar_bytes: &[u8]) -> Result<Function, ApiError> {
-    let incoming = d.registry.incoming_dir();
+/// `POST /v1/functions`: a tar of the function's directory, or `?path=DIR` (Unix socket
+/// only). Builds the environment, and for python3/node starts one instance, so a
+/// function that cannot load is refused with its error rather than deployed.
+async fn deploy(
+    State(e): State<Arc<Engine>>,
+    Extension(via): Extension<Via>,
+    Query(query): Query<DeployQuery>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Function>), ApiError> {
+    let body = body.map_err(body_error)?;
+    if query.path.is_some() && via == Via::Tcp {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            "deploying a path on the host is only allowed over the Unix socket".into(),
+        ));
+    }
+    let e2 = e.clone();
+    let (f, incoming) = tokio::task::spawn_blocking(move || build(&e2, &body, query.path))
+        .await
+        .map_err(internal)??;
+    let fp = FnPool::new(f.clone());
+    let checked = if f.runtime == "binary" {
+        Ok(())
+    } else {
+        fp.prewarm(&e).await
+    };
+    let result = match checked {
+        Ok(()) => {
+            let e2 = e.clone();
+            let f2 = f.clone();
+            let installed = tokio::task::spawn_blocking(move || {
+                let target = e2.registry.source_dir(&f2.name);
+                let _ = std::fs::remove_dir_all(&target);
+                std::fs::rename(&incoming, &target)?;
+                e2.registry.put(&f2)
+            })
+            .await
+            .map_err(internal)?;
+            match installed {
+                Ok(()) => {
+                    e.install(fp);
+                    Ok((StatusCode::CREATED, Json(f)))
+                }
+                Err(err) => {
+                    fp.retire();
+                    Err(internal(err))
+                }
+            }
+        }
+        Err(message) => {
+            fp.retire();
+            let _ = std::fs::remove_dir_all(&incoming);
+            Err(ApiError(StatusCode::BAD_REQUEST, message))
+        }
+    };
+    result
+}
+
+/// Unpacks (or copies) the function into a scratch directory and builds its
+/// environment; returns the function and the scratch directory.
+fn build(
+    e: &Engine,
+    tar_bytes: &[u8],
+    path: Option<PathBuf>,
+) -> Result<(Function, PathBuf), ApiError> {
+    let incoming = e.registry.incoming_dir();
     let result = (|| {
+        let source = match path {
+            Some(dir) => {
+                if !dir.is_absolute() {
+                    return Err(ApiError(
+                        StatusCode::BAD_REQUEST,
+                        format!("{} is not an absolute path", dir.display()),
+                    ));
+                }
+                std::fs::create_dir_all(&incoming).map_err(internal)?;
+                let mut tar = tar::Builder::new(Vec::new());
+                tar.follow_symlinks(false);
+                tar.append_dir_all(".", &dir).map_err(|err| {
+                    ApiError(
+                        StatusCode::BAD_REQUEST,
+                        format!("cannot read {}: {err}", dir.display()),
+                    )
+                })?;
+                tar.into_inner().map_err(internal)?
+            }
+            None => tar_bytes.to_vec(),
+        };
         std::fs::create_dir_all(&incoming).map_err(internal)?;
-        tar::Archive::new(tar_bytes)
+        tar::Archive::new(source.as_slice())
             .unpack(&incoming)
-            .map_err(|e| {
+            .map_err(|err| {
                 ApiError(
                     StatusCode::BAD_REQUEST,
-                    format!("the body is not a tar of the function's directory: {e}"),
+                    format!("the body is not a tar of the function's directory: {err}"),
                 )
             })?;
-        let bad = |e: anyhow::Error| ApiError(StatusCode::BAD_REQUEST, format!("{e:#}"));
         // Errors name the file as the user knows it, not our scratch copy.
         let text =
             std::fs::read_to_string(incoming.join(skiff_manifest::FILE_NAME)).map_err(|_| {
@@ -206,15 +335,18 @@ fn deploy_blocking(d: &Daemon, tar_bytes: &[u8]) -> Result<Function, ApiError> {
                 )
             })?;
         let manifest = skiff_manifest::Manifest::parse(&text, skiff_manifest::FILE_NAME)
-            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
-        let store = Store::open(&d.data).map_err(internal)?;
-        let built = skiff_builder::build(&store, &incoming, &mut |_| {}).map_err(bad)?;
-        let name = manifest.name.0.clone();
-        let target = d.registry.source_dir(&name);
-        let _ = std::fs::remove_dir_all(&target);
-        std::fs::rename(&incoming, &target).map_err(internal)?;
-        let f = Function {
-            name,
+            .map_err(|err| ApiError(StatusCode::BAD_REQUEST, err.to_string()))?;
+        if manifest.runtime == skiff_manifest::Runtime::Wasm {
+            return Err(ApiError(
+                StatusCode::NOT_IMPLEMENTED,
+                "runtime wasm is not served yet (the session tier is a later issue)".into(),
+            ));
+        }
+        let store = Store::open(&e.data).map_err(internal)?;
+        let built = skiff_builder::build(&store, &incoming, &mut |_| {})
+            .map_err(|err| ApiError(StatusCode::BAD_REQUEST, format!("{err:#}")))?;
+        Ok(Function {
+            name: manifest.name.0.clone(),
             runtime: format!("{:?}", manifest.runtime).to_lowercase(),
             handler: manifest.handler,
             env: built.id,
@@ -222,131 +354,406 @@ fn deploy_blocking(d: &Daemon, tar_bytes: &[u8]) -> Result<Function, ApiError> {
             cpus: manifest.limits.cpu.0,
             pids: manifest.limits.pids.0,
             timeout_ms: manifest.limits.timeout.0.as_millis() as u64,
+            vars: manifest.env,
+            network: match manifest.network {
+                skiff_manifest::Network::Host => registry::Network::Host,
+                skiff_manifest::Network::None => registry::Network::None,
+            },
+            scale: registry::Scale::from(&manifest.scale),
             deployed_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
-        };
-        d.registry.put(&f).map_err(internal)?;
-        Ok(f)
+        })
     })();
-    let _ = std::fs::remove_dir_all(&incoming);
-    result
+    match result {
+        Ok(f) => Ok((f, incoming)),
+        Err(err) => {
+            let _ = std::fs::remove_dir_all(&incoming);
+            Err(err)
+        }
+    }
+}
+
+async fn instances(State(e): State<Arc<Engine>>) -> Json<Vec<engine::InstanceInfo>> {
+    Json(e.instances())
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    function: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn list_invocations(
+    State(e): State<Arc<Engine>>,
+    Query(q): Query<ListQuery>,
+) -> Json<Vec<Record>> {
+    Json(
+        e.invocations
+            .list(q.function.as_deref(), q.limit.unwrap_or(100)),
+    )
+}
+
+async fn get_invocation(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<Record>, ApiError> {
+    e.invocations.get(&id).map(Json).ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no invocation {id:?} (records are kept for a while, then dropped)"),
+        )
+    })
+}
+
+#[derive(Deserialize)]
+struct LogsQuery {
+    tail: Option<usize>,
+    invocation: Option<String>,
+    follow: Option<bool>,
+}
+
+/// A function's log as JSON lines; `follow=true` keeps the response open and streams
+/// new lines as they are written.
+async fn logs(
+    State(e): State<Arc<Engine>>,
+    UrlPath(name): UrlPath<String>,
+    Query(q): Query<LogsQuery>,
+) -> Result<Response, ApiError> {
+    if e.registry.get(&name).is_none() {
+        return Err(not_found(&name));
+    }
+    let lines = e
+        .logs
+        .read(&name, q.invocation.as_deref(), q.tail.unwrap_or(100));
+    let mut text = String::new();
+    for line in &lines {
+        text.push_str(&serde_json::to_string(line).map_err(internal)?);
+        text.push('\n');
+    }
+    if !q.follow.unwrap_or(false) {
+        return Ok(([("content-type", "application/x-ndjson")], text).into_response());
+    }
+    let file = e.logs.file(&name);
+    let start = std::fs::metadata(&file).map_or(0, |m| m.len());
+    let invocation = q.invocation.clone();
+    let stream = follow(text, file, start, invocation);
+    Ok((
+        [("content-type", "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// The backlog, then whatever is appended to `file` after `offset` (polled every
+/// 200 ms, as `tail -f` does), filtered to one invocation if given.
+fn follow(
+    backlog: String,
+    file: PathBuf,
+    offset: u64,
+    invocation: Option<String>,
+) -> tokio_stream::wrappers::ReceiverStream<Result<Bytes, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncSeekExt};
+        if tx.send(Ok(Bytes::from(backlog))).await.is_err() {
+            return;
+        }
+        let mut offset = offset;
+        let mut partial = Vec::new();
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if tx.is_closed() {
+                return;
+            }
+            let Ok(mut f) = tokio::fs::File::open(&file).await else {
+                continue;
+            };
+            let len = f.metadata().await.map_or(0, |m| m.len());
+            if len < offset {
+                // Rotated: start over on the new file.
+                offset = 0;
+            }
+            if len == offset {
+                continue;
+            }
+            let mut chunk = Vec::new();
+            if f.seek(std::io::SeekFrom::Start(offset)).await.is_err()
+                || f.read_to_end(&mut chunk).await.is_err()
+            {
+                continue;
+            }
+            offset += chunk.len() as u64;
+            partial.extend_from_slice(&chunk);
+            let cut = partial
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| i + 1);
+            let complete: Vec<u8> = partial.drain(..cut).collect();
+            let mut out = Vec::new();
+            for line in complete.split_inclusive(|&b| b == b'\n') {
+                let wanted = invocation.as_ref().is_none_or(|id| {
+                    serde_json::from_slice::<logs::Line>(line)
+                        .is_ok_and(|l| l.invocation.as_deref() == Some(id))
+                });
+                if wanted {
+                    out.extend_from_slice(line);
+                }
+            }
+            if !out.is_empty() && tx.send(Ok(Bytes::from(out))).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// The request as the engine passes it on.
+fn request_of(
+    path: String,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> engine::Request {
+    engine::Request {
+        method: method.to_string(),
+        path,
+        query: uri.query().unwrap_or("").to_owned(),
+        headers: headers
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+            .collect(),
+        body: body.to_vec(),
+    }
 }
 
 async fn invoke_path(
-    state: State<Arc<Daemon>>,
+    state: State<Arc<Engine>>,
     UrlPath((name, rest)): UrlPath<(String, String)>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let path = format!("/{rest}");
-    invoke_with(state, name, path, method, uri, headers, body).await
+    invoke_with(state, name, format!("/{rest}"), method, uri, headers, body).await
 }
 
 async fn invoke(
-    state: State<Arc<Daemon>>,
+    state: State<Arc<Engine>>,
     UrlPath(name): UrlPath<String>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     invoke_with(state, name, "/".into(), method, uri, headers, body).await
 }
 
-/// The request as a `binary` function sees it: environment variables beside the body
-/// on stdin (the CGI convention FRE's event handlers follow).
-fn request_env(method: &Method, path: &str, uri: &Uri, headers: &HeaderMap) -> Vec<String> {
-    let mut env = vec![
-        format!("SKIFF_METHOD={method}"),
-        format!("SKIFF_PATH={path}"),
-        format!("SKIFF_QUERY={}", uri.query().unwrap_or("")),
-    ];
-    for (name, value) in headers {
-        if let Ok(value) = value.to_str() {
-            let key = name.as_str().to_ascii_uppercase().replace('-', "_");
-            env.push(format!("SKIFF_HEADER_{key}={value}"));
-        }
-    }
-    env
-}
-
 async fn invoke_with(
-    State(d): State<Arc<Daemon>>,
+    State(e): State<Arc<Engine>>,
     name: String,
     path: String,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let Some(f) = d.registry.get(&name) else {
-        return ApiError(StatusCode::NOT_FOUND, format!("no function named {name:?}"))
-            .into_response();
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => return body_error(rejection).into_response(),
     };
-    if f.runtime != "binary" {
-        let message = format!(
-            "runtime {}: invocation is not implemented yet; binary functions are",
-            f.runtime
-        );
-        return ApiError(StatusCode::NOT_IMPLEMENTED, message).into_response();
+    let Some(fp) = e.function(&name) else {
+        return not_found(&name).into_response();
+    };
+    let request = request_of(path, &method, &uri, &headers, body);
+    let mut record = Record::new(invocations::new_id(), &name, false);
+    let response = e.invoke(&fp, &request, &mut record).await;
+    let _ = e.invocations.put(&record, None);
+    let mut out = Response::new(Body::from(response.body));
+    *out.status_mut() = StatusCode::from_u16(response.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    for (k, v) in &response.headers {
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::try_from(k.as_str()),
+            HeaderValue::try_from(v.as_str()),
+        ) {
+            out.headers_mut().insert(k, v);
+        }
     }
-    let env = request_env(&method, &path, &uri, &headers);
-    let started = std::time::Instant::now();
-    let daemon = d.clone();
-    d.metrics.inflight.fetch_add(1, Ordering::Relaxed);
-    let outcome = tokio::task::spawn_blocking(move || {
-        let dev_template = match skiff_sandbox::devices::ensure(&daemon.data) {
-            Ok(dev) => dev,
-            Err(e) => {
-                return (
-                    invoke::Outcome::Failed(format!("{e:#}")),
-                    Default::default(),
-                )
+    let h = out.headers_mut();
+    h.insert(
+        "x-skiff-invocation-id",
+        HeaderValue::try_from(record.id.as_str()).expect("hex id"),
+    );
+    if record.cold_start {
+        h.insert("x-skiff-cold-start", HeaderValue::from_static("true"));
+    }
+    out
+}
+
+async fn invoke_async_path(
+    state: State<Arc<Engine>>,
+    UrlPath((name, rest)): UrlPath<(String, String)>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, HeaderMap, Json<serde_json::Value>), ApiError> {
+    invoke_async_with(state, name, format!("/{rest}"), uri, headers, body)
+}
+
+async fn invoke_async(
+    state: State<Arc<Engine>>,
+    UrlPath(name): UrlPath<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, HeaderMap, Json<serde_json::Value>), ApiError> {
+    invoke_async_with(state, name, "/".into(), uri, headers, body)
+}
+
+/// `POST /async/NAME`: 202 with the invocation's id once it is on disk; it runs in the
+/// background, `GET /v1/invocations/ID` has its status and result, and an
+/// `X-Callback-Url` header (OpenFaaS's) receives the result as a POST.
+fn invoke_async_with(
+    State(e): State<Arc<Engine>>,
+    name: String,
+    path: String,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, HeaderMap, Json<serde_json::Value>), ApiError> {
+    let body = body.map_err(body_error)?;
+    if e.registry.get(&name).is_none() {
+        return Err(not_found(&name));
+    }
+    let mut record = Record::new(invocations::new_id(), &name, true);
+    if let Some(url) = headers.get("x-callback-url").and_then(|v| v.to_str().ok()) {
+        if !url.starts_with("http://") {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("X-Callback-Url {url:?}: only http:// URLs are supported"),
+            ));
+        }
+        record.callback_url = Some(url.to_owned());
+    }
+    let request = request_of(path, &Method::POST, &uri, &headers, body);
+    let stored = StoredRequest {
+        method: request.method.clone(),
+        path: request.path.clone(),
+        query: request.query.clone(),
+        headers: request.headers.clone(),
+        body_base64: base64_encode(&request.body),
+    };
+    e.invocations
+        .put(&record, Some(&stored))
+        .map_err(internal)?;
+    let id = record.id.clone();
+    resume_async(&e, record, stored);
+    let mut h = HeaderMap::new();
+    h.insert(
+        "x-call-id",
+        HeaderValue::try_from(id.as_str()).expect("hex id"),
+    );
+    h.insert(
+        "location",
+        HeaderValue::try_from(format!("/v1/invocations/{id}")).expect("ascii"),
+    );
+    Ok((
+        StatusCode::ACCEPTED,
+        h,
+        Json(json!({ "id": id, "status": "queued" })),
+    ))
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Runs an accepted async invocation in the background (also those a previous
+/// daemon accepted and did not finish).
+fn resume_async(e: &Arc<Engine>, mut record: Record, stored: StoredRequest) {
+    let e = e.clone();
+    tokio::spawn(async move {
+        use base64::Engine as _;
+        let request = engine::Request {
+            method: stored.method,
+            path: stored.path,
+            query: stored.query,
+            headers: stored.headers,
+            body: base64::engine::general_purpose::STANDARD
+                .decode(&stored.body_base64)
+                .unwrap_or_default(),
+        };
+        let response = match e.function(&record.function) {
+            Some(fp) => {
+                record.status = Status::Running;
+                e.invoke(&fp, &request, &mut record).await
+            }
+            None => {
+                record.status = Status::Failed;
+                record.error = Some("the function was removed before it ran".into());
+                record.http_status = Some(404);
+                record.end = Some(invocations::now_rfc3339());
+                engine::Response {
+                    status: 404,
+                    headers: BTreeMap::new(),
+                    body: Vec::new(),
+                }
             }
         };
-        let job = invoke::Job {
-            env_root: daemon.data.join("envs").join(&f.env).join("root"),
-            dev_template,
-            function: f,
-            body: body.to_vec(),
-            env,
-        };
-        invoke::run(&daemon.spawner, &daemon.pool, job)
-    })
-    .await;
-    d.metrics.inflight.fetch_sub(1, Ordering::Relaxed);
-    let (response, cold_start) = match outcome {
-        Ok((invoke::Outcome::Ok(out), start)) => {
-            ((StatusCode::OK, out).into_response(), Some(start))
+        record.set_result(&response.body);
+        record.result_headers = response.headers.clone();
+        if let Err(err) = e.invocations.put(&record, None) {
+            eprintln!(
+                "skiff: warning: cannot store invocation {}: {err}",
+                record.id
+            );
         }
-        Ok((invoke::Outcome::Crashed(m), start)) => (
-            ApiError(StatusCode::BAD_GATEWAY, m).into_response(),
-            Some(start),
-        ),
-        Ok((invoke::Outcome::TimedOut, start)) => (
-            ApiError(StatusCode::GATEWAY_TIMEOUT, "the function timed out".into()).into_response(),
-            Some(start),
-        ),
-        Ok((invoke::Outcome::Overloaded(m), _)) => (
-            ApiError(StatusCode::SERVICE_UNAVAILABLE, m).into_response(),
-            None,
-        ),
-        Ok((invoke::Outcome::Failed(m), _)) => (
-            ApiError(StatusCode::INTERNAL_SERVER_ERROR, m).into_response(),
-            None,
-        ),
-        Err(e) => (internal(e).into_response(), None),
-    };
-    d.metrics.record(
-        &name,
-        response.status().as_u16(),
-        started.elapsed(),
-        cold_start,
-    );
-    response
+        if let Some(url) = record.callback_url.clone() {
+            if let Err(err) = callback(&url, &record, &response).await {
+                e.logs.append(
+                    &record.function,
+                    Some(&record.id),
+                    "skiff",
+                    &format!("callback to {url} failed: {err:#}"),
+                );
+            }
+        }
+    });
+}
+
+/// POSTs an async invocation's result to its callback URL (OpenFaaS's headers).
+async fn callback(url: &str, record: &Record, response: &engine::Response) -> Result<()> {
+    use http_body_util::Full;
+    let uri: Uri = url.parse().context("bad callback URL")?;
+    let host = uri
+        .host()
+        .context("the callback URL has no host")?
+        .to_owned();
+    let port = uri.port_u16().unwrap_or(80);
+    let stream = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::net::TcpStream::connect((host.as_str(), port)),
+    )
+    .await
+    .context("timed out connecting")??;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let mut req = hyper::Request::post(uri.path_and_query().map_or("/", |p| p.as_str()))
+        .header("host", host)
+        .header("x-call-id", &record.id)
+        .header("x-function-name", &record.function)
+        .header("x-function-status", response.status.to_string());
+    for (k, v) in &response.headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let req = req.body(Full::new(Bytes::from(response.body.clone())))?;
+    tokio::time::timeout(Duration::from_secs(30), sender.send_request(req))
+        .await
+        .context("timed out")??;
+    Ok(())
 }
 
 /// The default socket, overridable by `--socket` / `SKIFF_SOCKET`.

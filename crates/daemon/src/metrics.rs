@@ -88,7 +88,8 @@ impl Metrics {
         }
     }
 
-    pub fn render(&self, functions: usize) -> String {
+    /// `gauges`: per function, (name, instances or sandboxes running, requests queued).
+    pub fn render(&self, functions: usize, gauges: &[(String, usize, usize)]) -> String {
         let mut out = String::new();
         let all = self.by_function.lock().unwrap_or_else(|e| e.into_inner());
         out.push_str("# HELP skiff_functions Functions deployed.\n# TYPE skiff_functions gauge\n");
@@ -99,6 +100,14 @@ impl Metrics {
             "skiff_invocations_in_flight {}",
             self.inflight.load(std::sync::atomic::Ordering::Relaxed)
         );
+        out.push_str("# HELP skiff_instances Instances (or binary sandboxes) running per function.\n# TYPE skiff_instances gauge\n");
+        for (name, running, _) in gauges {
+            let _ = writeln!(out, "skiff_instances{{function=\"{name}\"}} {running}");
+        }
+        out.push_str("# HELP skiff_queue_depth Requests waiting for an instance per function.\n# TYPE skiff_queue_depth gauge\n");
+        for (name, _, queued) in gauges {
+            let _ = writeln!(out, "skiff_queue_depth{{function=\"{name}\"}} {queued}");
+        }
         out.push_str("# HELP skiff_invocations_total Invocations by function and status class.\n# TYPE skiff_invocations_total counter\n");
         for (name, f) in all.iter() {
             for (class, n) in &f.by_status {
@@ -112,7 +121,15 @@ impl Metrics {
         for (name, f) in all.iter() {
             f.latency.render(&mut out, "skiff_invocation_seconds", name);
         }
-        out.push_str("# HELP skiff_cold_start_seconds Time to start a function's sandbox (every binary invocation is a cold start).\n# TYPE skiff_cold_start_seconds histogram\n");
+        out.push_str("# HELP skiff_cold_starts_total Invocations that paid a cold start.\n# TYPE skiff_cold_starts_total counter\n");
+        for (name, f) in all.iter() {
+            let _ = writeln!(
+                out,
+                "skiff_cold_starts_total{{function=\"{name}\"}} {}",
+                f.cold_starts.count
+            );
+        }
+        out.push_str("# HELP skiff_cold_start_seconds Time to start an instance, paid by the invocation that found none idle (every binary invocation is a cold start).\n# TYPE skiff_cold_start_seconds histogram\n");
         for (name, f) in all.iter() {
             f.cold_starts
                 .render(&mut out, "skiff_cold_start_seconds", name);

@@ -2,6 +2,7 @@
 //! renamed, directory fsynced: an acknowledged deploy survives a crash) and the
 //! function's source in `DATA/functions/<name>/`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -18,7 +19,52 @@ pub struct Function {
     pub cpus: f64,
     pub pids: u64,
     pub timeout_ms: u64,
+    /// The manifest's `env`: variables every instance starts with.
+    #[serde(default)]
+    pub vars: BTreeMap<String, String>,
+    #[serde(default)]
+    pub network: Network,
+    #[serde(default)]
+    pub scale: Scale,
     pub deployed_unix: u64,
+}
+
+/// The manifest's `scale`, in plain numbers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Scale {
+    /// Invocations one instance serves at once.
+    pub concurrency: u32,
+    pub min_instances: u32,
+    pub max_instances: u32,
+    pub keep_alive_ms: u64,
+    /// Requests that may wait when every instance is busy.
+    pub queue: u32,
+}
+
+impl Default for Scale {
+    fn default() -> Scale {
+        Scale::from(&skiff_manifest::Scale::default())
+    }
+}
+
+impl From<&skiff_manifest::Scale> for Scale {
+    fn from(s: &skiff_manifest::Scale) -> Scale {
+        Scale {
+            concurrency: s.concurrency.0,
+            min_instances: s.min_instances,
+            max_instances: s.max_instances.0,
+            keep_alive_ms: s.keep_alive.0.as_millis() as u64,
+            queue: s.queue.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    #[default]
+    Host,
+    None,
 }
 
 pub struct Registry {

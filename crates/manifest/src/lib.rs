@@ -78,6 +78,9 @@ pub struct Scale {
     pub max_instances: Count,
     #[serde(default = "default_keep_alive")]
     pub keep_alive: Interval,
+    /// Requests that may wait for an instance when all are busy; more get 429.
+    #[serde(default = "default_queue")]
+    pub queue: Count,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -340,6 +343,9 @@ fn default_keep_alive() -> Interval {
 fn default_max_instances() -> Count {
     Count(16)
 }
+fn default_queue() -> Count {
+    Count(1024)
+}
 fn default_session_concurrency() -> Count {
     Count(10)
 }
@@ -365,6 +371,7 @@ impl Default for Scale {
             min_instances: 0,
             max_instances: default_max_instances(),
             keep_alive: default_keep_alive(),
+            queue: default_queue(),
         }
     }
 }

@@ -108,6 +108,25 @@ pub fn lock_file(path: &Path) -> io::Result<std::fs::File> {
     Ok(file)
 }
 
+/// Like [`lock_file`], but `None` at once if another process holds the lock.
+pub fn try_lock_file(path: &Path) -> io::Result<Option<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    // SAFETY: a valid descriptor; the lock lives as long as the returned File.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Ok(None);
+        }
+        return Err(err);
+    }
+    Ok(Some(file))
+}
+
 /// A claim as found on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {

@@ -15,10 +15,15 @@ use crate::units;
 /// written right after the spawn), so gc leaves it alone.
 const CLAIM_GRACE: Duration = Duration::from_secs(10);
 
-pub fn ps(data: &Path, json: bool) -> Result<()> {
+/// `skiff ps`: sandboxes started by `skiff run`, and `instances` of the daemon serving
+/// this data directory (from `GET /v1/instances`).
+pub fn ps(data: &Path, json: bool, instances: Vec<serde_json::Value>) -> Result<()> {
     let records = records::load_all(data)?;
     let cgroups = CgroupPool::open(data)?;
-    let rows: Vec<serde_json::Value> = records
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut rows: Vec<serde_json::Value> = records
         .iter()
         .map(|r| {
             serde_json::json!({
@@ -32,20 +37,34 @@ pub fn ps(data: &Path, json: bool) -> Result<()> {
             })
         })
         .collect();
+    rows.extend(instances.iter().map(|i| {
+        let busy = i["inflight"].as_u64().unwrap_or(0) > 0;
+        let started = humantime::parse_rfc3339(i["started"].as_str().unwrap_or(""))
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(now, |d| d.as_secs());
+        serde_json::json!({
+            "id": i["id"],
+            "pid": i["pid"],
+            "status": if busy { "serving" } else { "idle" },
+            "slot": i["cgroup_slot"],
+            "memory_bytes": i["memory_bytes"],
+            "created_unix": started,
+            "command": format!("function {}", i["function"].as_str().unwrap_or("?")),
+            "function": i["function"],
+        })
+    }));
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
     println!(
-        "{:<12}  {:>8}  {:<8}  {:>4}  {:>9}  {:>6}  COMMAND",
+        "{:<22}  {:>8}  {:<8}  {:>4}  {:>9}  {:>6}  COMMAND",
         "ID", "PID", "STATUS", "SLOT", "MEMORY", "AGE"
     );
     for row in rows {
         println!(
-            "{:<12}  {:>8}  {:<8}  {:>4}  {:>8}K  {:>6}  {}",
+            "{:<22}  {:>8}  {:<8}  {:>4}  {:>8}K  {:>6}  {}",
             row["id"].as_str().unwrap_or(""),
             row["pid"],
             row["status"].as_str().unwrap_or(""),

@@ -22,6 +22,24 @@ pub fn request(
     headers: &[(String, String)],
     body: Vec<u8>,
 ) -> Result<(u16, Vec<u8>)> {
+    let mut whole = Vec::new();
+    let status = request_streaming(target, method, path, headers, body, &mut |chunk| {
+        whole.extend_from_slice(chunk);
+        Ok(())
+    })?;
+    Ok((status, whole))
+}
+
+/// Sends one request and hands the response body to `sink` as it arrives; returns the
+/// status.
+pub fn request_streaming(
+    target: &Target,
+    method: &str,
+    path: &str,
+    headers: &[(String, String)],
+    body: Vec<u8>,
+    sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<u16> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -40,7 +58,7 @@ pub fn request(
                 let stream = tokio::net::TcpStream::connect(addr)
                     .await
                     .with_context(|| format!("cannot reach skiff at {url}"))?;
-                send(stream, req).await
+                send(stream, req, sink).await
             }
             None => {
                 let stream = tokio::net::UnixStream::connect(target.socket)
@@ -51,13 +69,17 @@ pub fn request(
                             target.socket.display()
                         )
                     })?;
-                send(stream, req).await
+                send(stream, req, sink).await
             }
         }
     })
 }
 
-async fn send<T>(io: T, req: hyper::Request<Full<Bytes>>) -> Result<(u16, Vec<u8>)>
+async fn send<T>(
+    io: T,
+    req: hyper::Request<Full<Bytes>>,
+    sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<u16>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -65,8 +87,13 @@ where
     tokio::spawn(conn);
     let resp = sender.send_request(req).await?;
     let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await?.to_bytes().to_vec();
-    Ok((status, body))
+    let mut body = resp.into_body();
+    while let Some(frame) = body.frame().await {
+        if let Some(data) = frame?.data_ref() {
+            sink(data)?;
+        }
+    }
+    Ok(status)
 }
 
 /// The body of a 2xx answer, or the daemon's error message as an error.

@@ -66,6 +66,9 @@ enum Command {
         /// TCP address to listen on.
         #[arg(long, env = "SKIFF_LISTEN", default_value = skiff_daemon::DEFAULT_LISTEN)]
         listen: std::net::SocketAddr,
+        /// How long invocation records (GET /v1/invocations) are kept, e.g. 1h, 30m.
+        #[arg(long, env = "SKIFF_KEEP_RECORDS", default_value = "1h", value_parser = humantime::parse_duration)]
+        keep_records: std::time::Duration,
     },
     /// Deploy a function directory (with skiff.yaml) to the daemon.
     Deploy {
@@ -81,6 +84,24 @@ enum Command {
         /// A request header K:V (repeatable).
         #[arg(short = 'H', long = "header")]
         headers: Vec<String>,
+        /// Queue the invocation and print its id instead of waiting for the result.
+        #[arg(long = "async")]
+        is_async: bool,
+    },
+    /// Show an invocation's record: status, timings, cold start, logs, async result.
+    Invocation { id: String },
+    /// Print a function's log lines.
+    Logs {
+        name: String,
+        /// Keep printing new lines as they are written.
+        #[arg(short, long)]
+        follow: bool,
+        /// How many of the last lines to print first.
+        #[arg(long, default_value_t = 100)]
+        tail: usize,
+        /// Only the lines of this invocation.
+        #[arg(long, value_name = "ID")]
+        invocation: Option<String>,
     },
     /// List deployed functions.
     Ls,
@@ -150,18 +171,31 @@ fn main() -> ExitCode {
         host: cli.host.as_deref(),
     };
     let result = match cli.command {
-        Command::Serve { listen } => serve(&data, &cli.socket, listen).map(|()| 0),
+        Command::Serve {
+            listen,
+            keep_records,
+        } => serve(&data, &cli.socket, listen, keep_records).map(|()| 0),
         Command::Deploy { dir } => remote::deploy(&target, &dir).map(|()| 0),
         Command::Invoke {
             name,
             body,
             headers,
-        } => remote::invoke(&target, &name, body.as_deref(), &headers).map(|()| 0),
+            is_async,
+        } => remote::invoke(&target, &name, body.as_deref(), &headers, is_async).map(|()| 0),
+        Command::Invocation { id } => remote::invocation(&target, &id).map(|()| 0),
+        Command::Logs {
+            name,
+            follow,
+            tail,
+            invocation,
+        } => remote::logs(&target, &name, follow, tail, invocation.as_deref()).map(|()| 0),
         Command::Ls => remote::ls(&target).map(|()| 0),
         Command::Describe { name } => remote::describe(&target, &name).map(|()| 0),
         Command::Rm { name } => remote::rm(&target, &name).map(|()| 0),
         Command::Run(args) => run::run(&data, args),
-        Command::Ps { json } => admin::ps(&data, json).map(|()| 0),
+        Command::Ps { json } => {
+            admin::ps(&data, json, remote::instances(&target, &data)).map(|()| 0)
+        }
         Command::Kill { signal, id } => admin::kill(&data, &id, &signal).map(|()| 0),
         Command::Gc { pools } => admin::gc(&data, pools).map(|()| 0),
         Command::Pool { size } => admin::pool(&data, size).map(|()| 0),
@@ -189,6 +223,7 @@ fn serve(
     data: &std::path::Path,
     socket: &std::path::Path,
     listen: std::net::SocketAddr,
+    keep_records: std::time::Duration,
 ) -> anyhow::Result<()> {
     let spawner = skiff_sandbox::RemoteSpawner::start()?;
     skiff_daemon::serve(
@@ -196,6 +231,7 @@ fn serve(
             data: data.to_owned(),
             socket: socket.to_owned(),
             listen,
+            keep_records,
         },
         spawner,
     )

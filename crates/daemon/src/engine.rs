@@ -1,0 +1,678 @@
+//! The engine: deployed functions, their warm instances and the scheduling around them
+//! (cold starts, `max_instances`, a bounded queue, keep-alive and scale to zero,
+//! `min_instances`, timeouts, crashes), and one sandbox per request for `binary`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde::Serialize;
+use serde_json::json;
+use skiff_cgroups::CgroupPool;
+use skiff_sandbox::netns::NetnsPool;
+use skiff_sandbox::RemoteSpawner;
+use tokio::sync::{oneshot, Semaphore};
+
+use crate::instance::{Call, Instance, Reply, StartError};
+use crate::invocations::{Invocations, Record, Status};
+use crate::logs::Logs;
+use crate::metrics::Metrics;
+use crate::registry::{Function, Network, Registry};
+
+pub struct Engine {
+    pub data: PathBuf,
+    pub spawner: RemoteSpawner,
+    pub cgroups: CgroupPool,
+    netns: OnceLock<NetnsPool>,
+    pub dev_template: PathBuf,
+    pub registry: Registry,
+    pub logs: Logs,
+    pub invocations: Invocations,
+    pub metrics: Metrics,
+    functions: Mutex<HashMap<String, Arc<FnPool>>>,
+}
+
+/// One deployed version of a function and what runs for it.
+pub struct FnPool {
+    pub function: Function,
+    state: Mutex<State>,
+    /// `binary`: sandboxes running, bounded by `max_instances`, and requests waiting.
+    binary_slots: Arc<Semaphore>,
+    binary_waiting: AtomicUsize,
+}
+
+#[derive(Default)]
+struct State {
+    instances: Vec<Arc<Instance>>,
+    /// Instances being started: for a caller that will use it, or for the queue.
+    starting: usize,
+    starting_for_queue: usize,
+    waiters: VecDeque<oneshot::Sender<Result<Arc<Instance>, String>>>,
+    /// Replaced by a new deploy or removed: instances end as they become idle.
+    retired: bool,
+}
+
+/// An HTTP request for a function, as the engine passes it on.
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub headers: BTreeMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+/// What the caller answers.
+pub struct Response {
+    pub status: u16,
+    pub headers: BTreeMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    fn error(status: u16, message: impl Into<String>) -> Response {
+        Response {
+            status,
+            headers: BTreeMap::from([("content-type".into(), "application/json".into())]),
+            body: serde_json::to_vec(&json!({ "error": message.into() })).unwrap(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct InstanceInfo {
+    pub id: String,
+    pub function: String,
+    pub pid: i32,
+    pub cgroup_slot: usize,
+    pub inflight: u32,
+    pub served: u64,
+    pub idle_ms: u64,
+    pub init_ms: f64,
+    pub memory_bytes: u64,
+    pub started: String,
+}
+
+impl Engine {
+    pub fn new(
+        data: PathBuf,
+        spawner: RemoteSpawner,
+        keep_records: Duration,
+    ) -> Result<(Engine, Vec<(Record, crate::invocations::StoredRequest)>)> {
+        let (invocations, unfinished) = Invocations::open(&data, keep_records)?;
+        let engine = Engine {
+            registry: Registry::open(&data)?,
+            cgroups: CgroupPool::open(&data)?,
+            netns: OnceLock::new(),
+            dev_template: skiff_sandbox::devices::ensure(&data)?,
+            logs: Logs::open(&data)?,
+            invocations,
+            metrics: Metrics::default(),
+            functions: Mutex::new(HashMap::new()),
+            data,
+            spawner,
+        };
+        engine.reclaim_previous_daemon()?;
+        Ok((engine, unfinished))
+    }
+
+    /// A daemon killed with SIGKILL leaves claims on cgroup (and netns) slots whose
+    /// instances died with it (they have a parent-death signal): free them. Only one
+    /// daemon serves a data directory (the caller holds its lock), so every `serve-`
+    /// claim is a leftover.
+    fn reclaim_previous_daemon(&self) -> Result<()> {
+        for claim in self.cgroups.claims()? {
+            if claim.owner.starts_with("serve-") {
+                self.cgroups.empty(claim.slot)?;
+                self.cgroups.unclaim(claim.slot)?;
+            }
+        }
+        if self.data.join("pool").join("netns").exists() {
+            for claim in self.netns()?.claims()? {
+                if claim.owner.starts_with("serve-") {
+                    self.netns()?.release(claim.slot)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn netns(&self) -> Result<&NetnsPool> {
+        if let Some(pool) = self.netns.get() {
+            return Ok(pool);
+        }
+        let pool = NetnsPool::open(&self.data)?;
+        Ok(self.netns.get_or_init(|| pool))
+    }
+
+    /// The function's pool, loaded from the registry on first use.
+    pub fn function(&self, name: &str) -> Option<Arc<FnPool>> {
+        let mut functions = self.functions.lock().unwrap();
+        if let Some(fp) = functions.get(name) {
+            return Some(fp.clone());
+        }
+        let f = self.registry.get(name)?;
+        let fp = FnPool::new(f);
+        functions.insert(name.to_owned(), fp.clone());
+        Some(fp)
+    }
+
+    /// Makes `fp` the function's current version; the one it replaces retires.
+    pub fn install(&self, fp: Arc<FnPool>) {
+        let old = self
+            .functions
+            .lock()
+            .unwrap()
+            .insert(fp.function.name.clone(), fp);
+        if let Some(old) = old {
+            old.retire();
+        }
+    }
+
+    pub fn uninstall(&self, name: &str) {
+        if let Some(old) = self.functions.lock().unwrap().remove(name) {
+            old.retire();
+        }
+    }
+
+    pub fn pools(&self) -> Vec<Arc<FnPool>> {
+        self.functions.lock().unwrap().values().cloned().collect()
+    }
+
+    pub fn instances(&self) -> Vec<InstanceInfo> {
+        let mut all = Vec::new();
+        for fp in self.pools() {
+            for i in fp.state.lock().unwrap().instances.iter() {
+                all.push(InstanceInfo {
+                    id: i.id.clone(),
+                    function: i.function.clone(),
+                    pid: i.pid,
+                    cgroup_slot: i.cgroup_slot,
+                    inflight: i.inflight.load(Ordering::Relaxed),
+                    served: i.served.load(Ordering::Relaxed),
+                    idle_ms: i.last_used.lock().unwrap().elapsed().as_millis() as u64,
+                    init_ms: i.init.as_secs_f64() * 1e3,
+                    memory_bytes: i.memory_bytes(self),
+                    started: humantime::format_rfc3339_millis(i.started).to_string(),
+                });
+            }
+        }
+        all.sort_by(|a, b| (&a.function, &a.id).cmp(&(&b.function, &b.id)));
+        all
+    }
+
+    /// Invokes `fp` with `request`, filling `record`.
+    pub async fn invoke(
+        self: &Arc<Self>,
+        fp: &Arc<FnPool>,
+        request: &Request,
+        record: &mut Record,
+    ) -> Response {
+        let began = Instant::now();
+        self.metrics.inflight.fetch_add(1, Ordering::Relaxed);
+        let response = if fp.function.runtime == "binary" {
+            self.invoke_binary(fp, request, record).await
+        } else {
+            self.invoke_instance(fp, request, record).await
+        };
+        self.metrics.inflight.fetch_sub(1, Ordering::Relaxed);
+        record.duration_ms = began.elapsed().as_secs_f64() * 1e3;
+        record.end = Some(crate::invocations::now_rfc3339());
+        record.http_status = Some(response.status);
+        record.status = if response.status < 500 {
+            Status::Succeeded
+        } else {
+            Status::Failed
+        };
+        let cold = record
+            .cold_start
+            .then(|| Duration::from_secs_f64(record.init_ms / 1e3));
+        self.metrics
+            .record(&fp.function.name, response.status, began.elapsed(), cold);
+        response
+    }
+
+    async fn invoke_instance(
+        self: &Arc<Self>,
+        fp: &Arc<FnPool>,
+        request: &Request,
+        record: &mut Record,
+    ) -> Response {
+        let waited = Instant::now();
+        let instance = match self.acquire(fp).await {
+            Ok(instance) => instance,
+            Err(refused) => {
+                record.error = Some(refused.1.clone());
+                return Response::error(refused.0, refused.1);
+            }
+        };
+        if let Some(init) = instance.take_cold_start() {
+            record.cold_start = true;
+            record.init_ms = init.as_secs_f64() * 1e3;
+        }
+        record.queue_ms = (waited.elapsed().as_secs_f64() * 1e3 - record.init_ms).max(0.0);
+        record.instance = Some(instance.id.clone());
+        let timeout = Duration::from_millis(fp.function.timeout_ms);
+        let call = Call {
+            request_id: &record.id,
+            method: &request.method,
+            path: &request.path,
+            query: &request.query,
+            headers: &request.headers,
+            body: &request.body,
+            timeout,
+        };
+        let reply = instance.call(&call).await;
+        let response = match reply {
+            Some((reply, logs)) => {
+                record.logs = logs;
+                match reply {
+                    Reply::Response {
+                        status,
+                        headers,
+                        body,
+                    } => Response {
+                        status,
+                        headers,
+                        body,
+                    },
+                    Reply::HandlerError(trace) => {
+                        record.error = Some(trace.clone());
+                        Response::error(500, format!("the function raised an error:\n{trace}"))
+                    }
+                    Reply::Crashed(why) => {
+                        record.error = Some(why.clone());
+                        Response::error(502, format!("the function crashed: {why}"))
+                    }
+                }
+            }
+            None => {
+                instance.kill();
+                let message = format!("the function timed out after {} ms", timeout.as_millis());
+                record.error = Some(message.clone());
+                Response::error(504, message)
+            }
+        };
+        fp.release(self, &instance);
+        response
+    }
+
+    /// A warm instance with room, a new one, or a place in the queue.
+    async fn acquire(self: &Arc<Self>, fp: &Arc<FnPool>) -> Result<Arc<Instance>, (u16, String)> {
+        let queue_wait = Duration::from_millis(fp.function.timeout_ms);
+        loop {
+            let waiter = {
+                let mut st = fp.state.lock().unwrap();
+                if st.retired {
+                    return Err((503, "the function was redeployed or removed; retry".into()));
+                }
+                if let Some(i) = fp.pick(&st) {
+                    i.inflight.fetch_add(1, Ordering::Relaxed);
+                    return Ok(i);
+                }
+                if st.instances.len() + st.starting < fp.function.scale.max_instances as usize {
+                    st.starting += 1;
+                    None
+                } else if st.waiters.len() < fp.function.scale.queue as usize {
+                    let (tx, rx) = oneshot::channel();
+                    st.waiters.push_back(tx);
+                    Some(rx)
+                } else {
+                    return Err((
+                        429,
+                        format!(
+                            "{}: all {} instances are busy and {} requests are queued",
+                            fp.function.name,
+                            fp.function.scale.max_instances,
+                            fp.function.scale.queue
+                        ),
+                    ));
+                }
+            };
+            let Some(rx) = waiter else {
+                return match fp.start_instance(self, false).await {
+                    Ok(i) => Ok(i),
+                    Err(message) => Err((502, message)),
+                };
+            };
+            match tokio::time::timeout(queue_wait, rx).await {
+                Ok(Ok(Ok(i))) => return Ok(i),
+                Ok(Ok(Err(message))) => return Err((502, message)),
+                // The queue was dropped (a redeploy): look again.
+                Ok(Err(_)) => continue,
+                Err(_) => {
+                    return Err((
+                        503,
+                        format!(
+                            "{}: no instance became free within {} ms",
+                            fp.function.name,
+                            queue_wait.as_millis()
+                        ),
+                    ))
+                }
+            }
+        }
+    }
+
+    async fn invoke_binary(
+        self: &Arc<Self>,
+        fp: &Arc<FnPool>,
+        request: &Request,
+        record: &mut Record,
+    ) -> Response {
+        let waited = Instant::now();
+        let permit = match fp.binary_slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                if fp.binary_waiting.fetch_add(1, Ordering::SeqCst)
+                    >= fp.function.scale.queue as usize
+                {
+                    fp.binary_waiting.fetch_sub(1, Ordering::SeqCst);
+                    return Response::error(
+                        429,
+                        format!("{}: the queue is full", fp.function.name),
+                    );
+                }
+                let wait = Duration::from_millis(fp.function.timeout_ms);
+                let got = tokio::time::timeout(wait, fp.binary_slots.clone().acquire_owned()).await;
+                fp.binary_waiting.fetch_sub(1, Ordering::SeqCst);
+                match got {
+                    Ok(Ok(p)) => p,
+                    _ => {
+                        return Response::error(
+                            503,
+                            format!("{}: no sandbox became free in time", fp.function.name),
+                        )
+                    }
+                }
+            }
+        };
+        record.queue_ms = waited.elapsed().as_secs_f64() * 1e3;
+        let netns = match fp.function.network {
+            Network::None => match self
+                .netns()
+                .and_then(|p| p.acquire(&format!("serve-{}", record.id)))
+            {
+                Ok(claimed) => Some(claimed),
+                Err(e) => return Response::error(503, format!("no network namespace free: {e:#}")),
+            },
+            Network::Host => None,
+        };
+        let job = crate::invoke::Job {
+            env_root: self.data.join("envs").join(&fp.function.env).join("root"),
+            dev_template: self.dev_template.clone(),
+            function: fp.function.clone(),
+            body: request.body.clone(),
+            env: crate::invoke::request_env(request),
+            netns: netns.as_ref().and_then(|(_, fd)| fd.try_clone().ok()),
+        };
+        let engine = self.clone();
+        let ran = tokio::task::spawn_blocking(move || {
+            crate::invoke::run(&engine.spawner, &engine.cgroups, job)
+        })
+        .await;
+        drop(permit);
+        if let Some((slot, _)) = netns {
+            let _ = self.netns().map(|p| p.release(slot));
+        }
+        let Ok(ran) = ran else {
+            return Response::error(500, "the invocation's thread panicked");
+        };
+        record.cold_start = true;
+        record.init_ms = ran.start.as_secs_f64() * 1e3;
+        let stderr = String::from_utf8_lossy(&ran.stderr);
+        if !stderr.is_empty() {
+            self.logs
+                .append(&fp.function.name, Some(&record.id), "stderr", &stderr);
+            record.logs = stderr.lines().take(100).map(str::to_owned).collect();
+        }
+        use crate::invoke::Outcome;
+        let (status, message) = match ran.outcome {
+            Outcome::Ok(out) => {
+                return Response {
+                    status: 200,
+                    headers: BTreeMap::new(),
+                    body: out,
+                }
+            }
+            Outcome::Crashed(m) => (502, m),
+            Outcome::TimedOut => (
+                504,
+                format!("the function timed out after {} ms", fp.function.timeout_ms),
+            ),
+            Outcome::Overloaded(m) => (503, m),
+            Outcome::Failed(m) => (500, m),
+        };
+        record.error = Some(message.clone());
+        Response::error(status, message)
+    }
+
+    /// Every second: idle instances past keep-alive end (down to `min_instances`), and
+    /// functions below `min_instances` get started.
+    pub async fn keep_alive_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            for fp in self.pools() {
+                fp.expire_idle();
+                fp.fill_minimum(&self);
+            }
+        }
+    }
+
+    /// Stops every instance and waits (up to 5 s) until they are reaped and their
+    /// slots released (daemon shutdown).
+    pub async fn stop_all(&self) {
+        let pools = self.pools();
+        for fp in &pools {
+            fp.retire();
+            for i in fp.state.lock().unwrap().instances.iter() {
+                i.kill();
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline
+            && pools
+                .iter()
+                .any(|fp| !fp.state.lock().unwrap().instances.is_empty())
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Queue depth and instances, per function, for `/metrics`.
+    pub fn gauges(&self) -> Vec<(String, usize, usize)> {
+        self.pools()
+            .iter()
+            .map(|fp| {
+                let st = fp.state.lock().unwrap();
+                let queued = st.waiters.len() + fp.binary_waiting.load(Ordering::Relaxed);
+                let running = st.instances.len()
+                    + (fp.function.scale.max_instances as usize)
+                        .saturating_sub(fp.binary_slots.available_permits())
+                        * usize::from(fp.function.runtime == "binary");
+                (fp.function.name.clone(), running, queued)
+            })
+            .collect()
+    }
+}
+
+impl FnPool {
+    pub fn new(function: Function) -> Arc<FnPool> {
+        let slots = function.scale.max_instances.max(1) as usize;
+        Arc::new(FnPool {
+            function,
+            state: Mutex::new(State::default()),
+            binary_slots: Arc::new(Semaphore::new(slots)),
+            binary_waiting: AtomicUsize::new(0),
+        })
+    }
+
+    /// The instance with room that was used last (so the others go idle and expire).
+    fn pick(&self, st: &State) -> Option<Arc<Instance>> {
+        let room = self.function.scale.concurrency.max(1);
+        st.instances
+            .iter()
+            .filter(|i| !i.is_dead() && i.inflight.load(Ordering::Relaxed) < room)
+            .max_by_key(|i| *i.last_used.lock().unwrap())
+            .cloned()
+    }
+
+    /// Starts an instance (a slot in `starting` was reserved by the caller). For a
+    /// caller (`for_queue` false) it comes back busy with one call; for the queue it
+    /// goes to the waiters.
+    pub async fn start_instance(
+        self: &Arc<Self>,
+        engine: &Arc<Engine>,
+        for_queue: bool,
+    ) -> Result<Arc<Instance>, String> {
+        let weak = Arc::downgrade(self);
+        let engine_for_exit = engine.clone();
+        let started = Instance::start(engine, &self.function, move |gone| {
+            if let Some(fp) = weak.upgrade() {
+                fp.forget(&engine_for_exit, gone);
+            }
+        })
+        .await;
+        let mut st = self.state.lock().unwrap();
+        st.starting -= 1;
+        if for_queue {
+            st.starting_for_queue -= 1;
+        }
+        match started {
+            Ok(i) => {
+                if st.retired {
+                    i.kill();
+                    return Err("the function was redeployed or removed; retry".into());
+                }
+                if !for_queue {
+                    i.inflight.fetch_add(1, Ordering::Relaxed);
+                } else if st.waiters.is_empty() {
+                    // Started ahead (a deploy, min_instances): nobody waited for it.
+                    let _ = i.take_cold_start();
+                }
+                st.instances.push(i.clone());
+                self.dispatch(engine, &mut st);
+                Ok(i)
+            }
+            Err(e) => {
+                let message = match e {
+                    StartError::Init(m) => format!("the function failed to start: {m}"),
+                    StartError::Platform(e) => format!("cannot start an instance: {e:#}"),
+                };
+                if for_queue {
+                    if let Some(w) = st.waiters.pop_front() {
+                        let _ = w.send(Err(message.clone()));
+                    }
+                }
+                self.dispatch(engine, &mut st);
+                Err(message)
+            }
+        }
+    }
+
+    /// A call ended on `instance`.
+    fn release(self: &Arc<Self>, engine: &Arc<Engine>, instance: &Arc<Instance>) {
+        let mut st = self.state.lock().unwrap();
+        instance.inflight.fetch_sub(1, Ordering::Relaxed);
+        *instance.last_used.lock().unwrap() = Instant::now();
+        if st.retired && instance.inflight.load(Ordering::Relaxed) == 0 {
+            instance.kill();
+        }
+        self.dispatch(engine, &mut st);
+    }
+
+    /// Hands free room to waiting requests, and starts instances for those no free
+    /// room or starting instance will serve.
+    fn dispatch(self: &Arc<Self>, engine: &Arc<Engine>, st: &mut State) {
+        while !st.waiters.is_empty() {
+            let Some(i) = self.pick(st) else { break };
+            let waiter = st.waiters.pop_front().expect("not empty");
+            i.inflight.fetch_add(1, Ordering::Relaxed);
+            if waiter.send(Ok(i.clone())).is_err() {
+                // That request gave up waiting.
+                i.inflight.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        st.waiters.retain(|w| !w.is_closed());
+        let per_instance = self.function.scale.concurrency.max(1) as usize;
+        let max = self.function.scale.max_instances as usize;
+        while !st.retired
+            && st.waiters.len() > st.starting_for_queue * per_instance
+            && st.instances.len() + st.starting < max
+        {
+            st.starting += 1;
+            st.starting_for_queue += 1;
+            let (fp, engine) = (self.clone(), engine.clone());
+            tokio::spawn(async move {
+                let _ = fp.start_instance(&engine, true).await;
+            });
+        }
+    }
+
+    /// An instance is gone (crashed, timed out, expired): forget it, and serve the queue.
+    fn forget(self: &Arc<Self>, engine: &Arc<Engine>, gone: &Arc<Instance>) {
+        let mut st = self.state.lock().unwrap();
+        st.instances.retain(|i| !Arc::ptr_eq(i, gone));
+        self.dispatch(engine, &mut st);
+    }
+
+    /// Starts one idle instance now (a deploy's check that the function loads); the
+    /// error says why it does not.
+    pub async fn prewarm(self: &Arc<Self>, engine: &Arc<Engine>) -> Result<(), String> {
+        {
+            let mut st = self.state.lock().unwrap();
+            st.starting += 1;
+            st.starting_for_queue += 1;
+        }
+        self.start_instance(engine, true).await.map(|_| ())
+    }
+
+    fn expire_idle(&self) {
+        let keep = Duration::from_millis(self.function.scale.keep_alive_ms);
+        let st = self.state.lock().unwrap();
+        let mut alive = st.instances.iter().filter(|i| !i.is_dead()).count();
+        for i in st.instances.iter() {
+            if alive <= self.function.scale.min_instances as usize {
+                break;
+            }
+            if i.inflight.load(Ordering::Relaxed) == 0
+                && !i.is_dead()
+                && i.last_used.lock().unwrap().elapsed() > keep
+            {
+                i.kill();
+                alive -= 1;
+            }
+        }
+    }
+
+    fn fill_minimum(self: &Arc<Self>, engine: &Arc<Engine>) {
+        if self.function.runtime == "binary" {
+            return;
+        }
+        let mut st = self.state.lock().unwrap();
+        let min = self.function.scale.min_instances as usize;
+        while !st.retired && st.instances.len() + st.starting < min {
+            st.starting += 1;
+            st.starting_for_queue += 1;
+            let (fp, engine) = (self.clone(), engine.clone());
+            tokio::spawn(async move {
+                let _ = fp.start_instance(&engine, true).await;
+            });
+        }
+    }
+
+    /// No new calls; idle instances end now, busy ones when their calls end.
+    pub fn retire(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.retired = true;
+        st.waiters.clear();
+        for i in st.instances.iter() {
+            if i.inflight.load(Ordering::Relaxed) == 0 {
+                i.kill();
+            }
+        }
+    }
+}

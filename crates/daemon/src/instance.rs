@@ -1,0 +1,501 @@
+//! A long-lived instance of a `python3` or `node` function: a sandbox running skiff's
+//! bootstrap, which loads the handler once and then serves invocations over the framed
+//! channel (its stdin is our end's peer; stdout and stderr are a log pipe).
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use skiff_cgroups::{Limits, Slot};
+use skiff_sandbox::{Child, ExitStatus, Spec};
+use tokio::io::unix::AsyncFd;
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::sync::oneshot;
+
+use crate::engine::Engine;
+use crate::protocol::{self, Message};
+use crate::registry::{Function, Network};
+
+const PYTHON_BOOTSTRAP: &str = include_str!("bootstrap/python.py");
+const NODE_BOOTSTRAP: &str = include_str!("bootstrap/node.js");
+
+/// Largest response body (and log frame) an instance may send.
+pub const MAX_OUTPUT: usize = 6 << 20;
+/// Log lines kept in one invocation's record.
+const MAX_RECORD_LOG_LINES: usize = 100;
+
+/// What an instance answered.
+pub enum Reply {
+    Response {
+        status: u16,
+        headers: BTreeMap<String, String>,
+        body: Vec<u8>,
+    },
+    /// The handler raised or rejected: its traceback or stack.
+    HandlerError(String),
+    /// The instance died before answering: why.
+    Crashed(String),
+}
+
+/// One call's request, as the engine sends it.
+pub struct Call<'a> {
+    pub request_id: &'a str,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub query: &'a str,
+    pub headers: &'a BTreeMap<String, String>,
+    pub body: &'a [u8],
+    pub timeout: Duration,
+}
+
+struct Pending {
+    reply: oneshot::Sender<(Reply, Vec<String>)>,
+    request_id: String,
+    logs: Vec<String>,
+}
+
+pub struct Instance {
+    pub id: String,
+    pub function: String,
+    pub pid: i32,
+    pub cgroup_slot: usize,
+    pub started: SystemTime,
+    /// Spawn to `ready`: what a cold start cost.
+    pub init: Duration,
+    child: Child,
+    slot: Slot,
+    netns_slot: Option<usize>,
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    next_call: AtomicU64,
+    dead: AtomicBool,
+    /// Not yet served: the first call's record counts the cold start.
+    fresh: AtomicBool,
+    /// Calls in flight and the last time one ended; changed under the function's lock.
+    pub inflight: AtomicU32,
+    pub served: AtomicU64,
+    pub last_used: Mutex<Instant>,
+}
+
+/// Why a start failed: the function's own (its import raised, the interpreter died), or
+/// the platform's.
+pub enum StartError {
+    Init(String),
+    Platform(anyhow::Error),
+}
+
+impl From<anyhow::Error> for StartError {
+    fn from(e: anyhow::Error) -> StartError {
+        StartError::Platform(e)
+    }
+}
+
+/// The sandbox side of a start, done on a blocking thread.
+struct Spawned {
+    child: Child,
+    slot: Slot,
+    netns_slot: Option<usize>,
+    chan: StdUnixStream,
+    log: OwnedFd,
+}
+
+fn argv(f: &Function, concurrency: u32) -> Result<Vec<String>> {
+    Ok(match f.runtime.as_str() {
+        // -I -S: no user site, no site.py (the bootstrap sets the path itself): ~3 ms less.
+        "python3" => vec![
+            "/usr/bin/python3".into(),
+            "-I".into(),
+            "-S".into(),
+            "-c".into(),
+            PYTHON_BOOTSTRAP.into(),
+            f.handler.clone(),
+            concurrency.to_string(),
+        ],
+        "node" => vec![
+            "/usr/bin/node".into(),
+            "-e".into(),
+            NODE_BOOTSTRAP.into(),
+            f.handler.clone(),
+        ],
+        other => bail!("runtime {other} has no long-lived instances"),
+    })
+}
+
+fn spawn_sandbox(engine: &Engine, f: &Function, id: &str) -> Result<Spawned> {
+    let limits = Limits {
+        memory_bytes: f.memory_bytes,
+        cpus: f.cpus,
+        pids: f.pids,
+    };
+    let (slot, entry) = engine.cgroups.acquire(id, &limits)?;
+    let netns = match f.network {
+        Network::None => match engine.netns()?.acquire(id) {
+            Ok(claimed) => Some(claimed),
+            Err(e) => {
+                let _ = engine.cgroups.release(slot.index);
+                return Err(e);
+            }
+        },
+        Network::Host => None,
+    };
+    let release = |slot: &Slot, netns: &Option<(usize, OwnedFd)>| {
+        let _ = engine.cgroups.release(slot.index);
+        if let Some((n, _)) = netns {
+            let _ = engine.netns().map(|p| p.release(*n));
+        }
+    };
+    let (ours, theirs) = StdUnixStream::pair().context("socketpair")?;
+    let (log_r, log_w) = crate::invoke::pipe();
+    let mut spec = Spec::new(
+        id,
+        engine.data.join("envs").join(&f.env).join("root"),
+        engine.dev_template.clone(),
+        argv(f, f.scale.concurrency)?,
+    );
+    spec.cwd = "/code".into();
+    spec.env.push(format!("SKIFF_FUNCTION={}", f.name));
+    spec.env
+        .extend(f.vars.iter().map(|(k, v)| format!("{k}={v}")));
+    spec.stdio = [theirs.as_raw_fd(), log_w.as_raw_fd(), log_w.as_raw_fd()];
+    let netns_slot = netns.as_ref().map(|(n, _)| *n);
+    spec.netns = netns.as_ref().map(|(_, fd)| fd.try_clone()).transpose()?;
+    match engine.spawner.spawn(&spec, &entry) {
+        Ok(child) => Ok(Spawned {
+            child,
+            slot,
+            netns_slot,
+            chan: ours,
+            log: log_r,
+        }),
+        Err(e) => {
+            release(&slot, &netns);
+            bail!("cannot start an instance of {}: {}", f.name, e.message)
+        }
+    }
+}
+
+impl Instance {
+    /// Starts an instance and waits until its handler is loaded. `on_exit` runs once
+    /// when the instance is gone (crashed, killed, or stopped).
+    pub async fn start(
+        engine: &Arc<Engine>,
+        f: &Function,
+        on_exit: impl FnOnce(&Arc<Instance>) + Send + 'static,
+    ) -> Result<Arc<Instance>, StartError> {
+        let began = Instant::now();
+        let id = format!("serve-{}", crate::invocations::new_id());
+        let spawned = {
+            let (engine, f, id) = (engine.clone(), f.clone(), id.clone());
+            tokio::task::spawn_blocking(move || spawn_sandbox(&engine, &f, &id))
+                .await
+                .context("spawn task")??
+        };
+        spawned.chan.set_nonblocking(true).context("channel")?;
+        let chan = tokio::net::UnixStream::from_std(spawned.chan).context("channel")?;
+        let (mut reader, writer) = chan.into_split();
+        let init_limit = Duration::from_millis(f.timeout_ms).max(Duration::from_secs(10));
+        let first = tokio::time::timeout(init_limit, protocol::read(&mut reader, MAX_OUTPUT)).await;
+        // (message, whether the exit status adds to it)
+        let failure = match first {
+            Ok(Ok(Some((Message::Ready, _)))) => None,
+            Ok(Ok(Some((Message::InitError, body)))) => {
+                Some((String::from_utf8_lossy(&body).trim_end().to_owned(), false))
+            }
+            Ok(Ok(None)) => Some((
+                "the instance exited before loading its handler".into(),
+                true,
+            )),
+            Ok(Ok(Some(_))) => Some(("the instance spoke before loading its handler".into(), true)),
+            Ok(Err(e)) => Some((format!("bad first frame: {e}"), true)),
+            Err(_) => Some((
+                format!(
+                    "the handler did not load within {} ms",
+                    init_limit.as_millis()
+                ),
+                false,
+            )),
+        };
+        if let Some((message, with_status)) = failure {
+            let how =
+                reap_and_release(engine, &spawned.child, &spawned.slot, spawned.netns_slot).await;
+            // Keep the instance's own output: an interpreter that failed before the
+            // bootstrap ran (a missing library, a bad flag) says why there.
+            let output = drain(&spawned.log);
+            let mut text = message;
+            for extra in [
+                output.trim_end(),
+                if with_status { how.as_str() } else { "" },
+            ] {
+                if !extra.is_empty() {
+                    text = format!("{text}\n{extra}");
+                }
+            }
+            return Err(StartError::Init(text));
+        }
+        let instance = Arc::new(Instance {
+            id,
+            function: f.name.clone(),
+            pid: spawned.child.pid,
+            cgroup_slot: spawned.slot.index,
+            started: SystemTime::now(),
+            init: began.elapsed(),
+            child: spawned.child,
+            slot: spawned.slot,
+            netns_slot: spawned.netns_slot,
+            writer: tokio::sync::Mutex::new(writer),
+            pending: Mutex::new(HashMap::new()),
+            next_call: AtomicU64::new(1),
+            dead: AtomicBool::new(false),
+            fresh: AtomicBool::new(true),
+            inflight: AtomicU32::new(0),
+            served: AtomicU64::new(0),
+            last_used: Mutex::new(Instant::now()),
+        });
+        tokio::spawn(read_logs(engine.clone(), f.name.clone(), spawned.log));
+        let (engine2, me) = (engine.clone(), instance.clone());
+        tokio::spawn(async move {
+            let why = me.serve_replies(&engine2, &mut reader).await;
+            me.dead.store(true, Ordering::SeqCst);
+            let _ = me.child.kill(libc::SIGKILL);
+            let exit = reap_and_release(&engine2, &me.child, &me.slot, me.netns_slot).await;
+            let why = why.unwrap_or(exit);
+            for (_, p) in me.pending.lock().unwrap().drain() {
+                let _ = p.reply.send((Reply::Crashed(why.clone()), p.logs));
+            }
+            on_exit(&me);
+        });
+        Ok(instance)
+    }
+
+    /// Reads frames until the channel ends; returns why, when the instance broke the
+    /// protocol (otherwise its exit status tells).
+    async fn serve_replies(
+        &self,
+        engine: &Engine,
+        reader: &mut tokio::net::unix::OwnedReadHalf,
+    ) -> Option<String> {
+        loop {
+            let (message, body) = match protocol::read(reader, MAX_OUTPUT).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return None,
+                Err(e) => return Some(e.to_string()),
+            };
+            match message {
+                Message::Log { id, stream } => {
+                    let text = String::from_utf8_lossy(&body);
+                    let mut pending = self.pending.lock().unwrap();
+                    let call = id.and_then(|id| pending.get_mut(&id));
+                    let request_id = call.as_ref().map(|c| c.request_id.clone());
+                    engine
+                        .logs
+                        .append(&self.function, request_id.as_deref(), &stream, &text);
+                    if let Some(call) = call {
+                        let room = MAX_RECORD_LOG_LINES.saturating_sub(call.logs.len());
+                        call.logs.extend(text.lines().take(room).map(str::to_owned));
+                    }
+                }
+                Message::Result {
+                    id,
+                    status,
+                    headers,
+                } => self.answer(
+                    id,
+                    Reply::Response {
+                        status,
+                        headers,
+                        body,
+                    },
+                ),
+                Message::Error { id } => self.answer(
+                    id,
+                    Reply::HandlerError(String::from_utf8_lossy(&body).trim_end().to_owned()),
+                ),
+                Message::Ready | Message::InitError => {
+                    return Some("the instance restarted its protocol".into())
+                }
+            }
+        }
+    }
+
+    fn answer(&self, id: u64, reply: Reply) {
+        if let Some(p) = self.pending.lock().unwrap().remove(&id) {
+            let _ = p.reply.send((reply, p.logs));
+        }
+    }
+
+    /// Sends one invocation and waits for its reply, at most `call.timeout`; `None`
+    /// when the time ran out (the caller kills the instance).
+    pub async fn call(&self, call: &Call<'_>) -> Option<(Reply, Vec<String>)> {
+        let id = self.next_call.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().unwrap().insert(
+            id,
+            Pending {
+                reply: tx,
+                request_id: call.request_id.to_owned(),
+                logs: Vec::new(),
+            },
+        );
+        if self.dead.load(Ordering::SeqCst) {
+            self.pending.lock().unwrap().remove(&id);
+            return Some((Reply::Crashed("the instance is gone".into()), Vec::new()));
+        }
+        let frame = protocol::encode(
+            &protocol::Request {
+                id,
+                request_id: call.request_id,
+                method: call.method,
+                path: call.path,
+                query: call.query,
+                headers: call.headers,
+                timeout_ms: call.timeout.as_millis() as u64,
+            },
+            call.body,
+        );
+        let sent = async {
+            let mut writer = self.writer.lock().await;
+            writer.write_all(&frame).await
+        };
+        let result = tokio::time::timeout(call.timeout, async {
+            // A write error means the instance is dying: its reply says why.
+            let _ = sent.await;
+            rx.await
+        })
+        .await;
+        match result {
+            Ok(Ok(reply)) => {
+                self.served.fetch_add(1, Ordering::Relaxed);
+                Some(reply)
+            }
+            Ok(Err(_)) => Some((Reply::Crashed("the instance is gone".into()), Vec::new())),
+            Err(_) => {
+                self.pending.lock().unwrap().remove(&id);
+                None
+            }
+        }
+    }
+
+    /// The cold start this instance's first call pays, once.
+    pub fn take_cold_start(&self) -> Option<Duration> {
+        self.fresh
+            .swap(false, Ordering::Relaxed)
+            .then_some(self.init)
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+
+    /// Stops the instance; its reader notices and runs the exit path.
+    pub fn kill(&self) {
+        let _ = self.child.kill(libc::SIGKILL);
+    }
+
+    pub fn memory_bytes(&self, engine: &Engine) -> u64 {
+        engine.cgroups.memory_usage(self.cgroup_slot).unwrap_or(0)
+    }
+}
+
+/// Kills the instance, reaps it, releases its cgroup and network slots; returns how it
+/// ended, in words.
+async fn reap_and_release(
+    engine: &Arc<Engine>,
+    child: &Child,
+    slot: &Slot,
+    netns: Option<usize>,
+) -> String {
+    let _ = child.kill(libc::SIGKILL);
+    let status = wait_exit(child).await;
+    let oom = engine.cgroups.oom_killed(slot);
+    let (engine, slot) = (engine.clone(), slot.index);
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Err(e) = engine.cgroups.release(slot) {
+            eprintln!("skiff: warning: cannot release cgroup slot {slot}: {e:#}");
+        }
+        if let Some(n) = netns {
+            let _ = engine.netns().map(|p| p.release(n));
+        }
+    })
+    .await;
+    if oom {
+        return "the function ran out of memory (killed by the kernel's OOM killer)".into();
+    }
+    match status {
+        Some(ExitStatus::Exited(c)) => format!("the instance exited with {c}"),
+        Some(ExitStatus::Signaled(s)) => format!("the instance was killed by signal {s}"),
+        None => "the instance vanished".into(),
+    }
+}
+
+/// Whatever the instance wrote to its log pipe before it exited (at most 64 KiB).
+fn drain(log: &OwnedFd) -> String {
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 16 << 10];
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(log.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(log.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+    }
+    while out.len() < 64 << 10 {
+        // SAFETY: reading into a valid buffer from a descriptor we own.
+        let n = unsafe { libc::read(log.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
+        if n <= 0 {
+            break;
+        }
+        out.extend_from_slice(&chunk[..n as usize]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Waits (without a thread) until the child exits, then reaps it.
+async fn wait_exit(child: &Child) -> Option<ExitStatus> {
+    use std::os::fd::AsFd;
+    // SAFETY: the pidfd belongs to `child`, which outlives this borrow.
+    let fd = unsafe {
+        AsyncFd::register_with_interest(child.pidfd.as_fd(), tokio::io::Interest::READABLE)
+    }
+    .ok()?;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        let mut ready = fd.readable().await.ok()?;
+        ready.clear_ready();
+    }
+}
+
+/// Longest log line kept; the rest of a longer one is dropped.
+const MAX_LINE: usize = 16 << 10;
+
+/// The instance's stdout and stderr outside any handler (the interpreter's own
+/// messages, native code, child processes): into the function's log, line by line.
+async fn read_logs(engine: Arc<Engine>, function: String, log: OwnedFd) {
+    use tokio::io::AsyncReadExt;
+    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(log) else {
+        return;
+    };
+    let mut line = Vec::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    while let Ok(n) = pipe.read(&mut chunk).await {
+        if n == 0 {
+            break;
+        }
+        for piece in chunk[..n].split_inclusive(|&b| b == b'\n') {
+            if line.len() < MAX_LINE {
+                line.extend_from_slice(&piece[..piece.len().min(MAX_LINE - line.len())]);
+            }
+            if piece.ends_with(b"\n") {
+                let text = String::from_utf8_lossy(&line);
+                engine
+                    .logs
+                    .append(&function, None, "output", text.trim_end());
+                line.clear();
+            }
+        }
+    }
+}
