@@ -33,6 +33,9 @@ pub struct Engine {
     pub invocations: Invocations,
     pub metrics: Metrics,
     functions: Mutex<HashMap<String, Arc<FnPool>>>,
+    pub templates: crate::templates::Templates,
+    /// Cold starts of python3 fork from a template (else: the interpreter starts).
+    pub use_templates: bool,
 }
 
 /// One deployed version of a function and what runs for it.
@@ -100,6 +103,7 @@ impl Engine {
         data: PathBuf,
         spawner: RemoteSpawner,
         keep_records: Duration,
+        use_templates: bool,
     ) -> Result<(Engine, Vec<(Record, crate::invocations::StoredRequest)>)> {
         let (invocations, unfinished) = Invocations::open(&data, keep_records)?;
         let engine = Engine {
@@ -111,6 +115,8 @@ impl Engine {
             invocations,
             metrics: Metrics::default(),
             functions: Mutex::new(HashMap::new()),
+            templates: crate::templates::Templates::new(),
+            use_templates,
             data,
             spawner,
         };
@@ -480,6 +486,7 @@ impl Engine {
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        self.templates.clear();
     }
 
     /// Queue depth and instances, per function, for `/metrics`.
@@ -662,6 +669,35 @@ impl FnPool {
                 let _ = fp.start_instance(&engine, true).await;
             });
         }
+    }
+
+    /// Stops the idle instances now (scale to zero on demand) and waits (up to 5 s)
+    /// until they are gone; returns how many were stopped.
+    pub async fn stop_idle(&self) -> usize {
+        let idle: Vec<Arc<Instance>> = {
+            let st = self.state.lock().unwrap();
+            st.instances
+                .iter()
+                .filter(|i| i.inflight.load(Ordering::Relaxed) == 0)
+                .cloned()
+                .collect()
+        };
+        for i in &idle {
+            i.kill();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline
+            && self
+                .state
+                .lock()
+                .unwrap()
+                .instances
+                .iter()
+                .any(|i| idle.iter().any(|j| Arc::ptr_eq(i, j)))
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        idle.len()
     }
 
     /// No new calls; idle instances end now, busy ones when their calls end.

@@ -164,7 +164,19 @@ fn spawn_sandbox(engine: &Engine, f: &Function, id: &str) -> Result<Spawned> {
     spec.stdio = [theirs.as_raw_fd(), log_w.as_raw_fd(), log_w.as_raw_fd()];
     let netns_slot = netns.as_ref().map(|(n, _)| *n);
     spec.netns = netns.as_ref().map(|(_, fd)| fd.try_clone()).transpose()?;
-    match engine.spawner.spawn(&spec, &entry) {
+    let started = match from_template(engine, f, &spec, &entry) {
+        Some(Ok(child)) => Ok(child),
+        fallback => {
+            if let Some(Err(e)) = fallback {
+                eprintln!(
+                    "skiff: warning: template start of {} failed, starting it plainly: {e:#}",
+                    f.name
+                );
+            }
+            engine.spawner.spawn(&spec, &entry).map_err(|e| e.message)
+        }
+    };
+    match started {
         Ok(child) => Ok(Spawned {
             child,
             slot,
@@ -172,11 +184,40 @@ fn spawn_sandbox(engine: &Engine, f: &Function, id: &str) -> Result<Spawned> {
             chan: ours,
             log: log_r,
         }),
-        Err(e) => {
+        Err(message) => {
             release(&slot, &netns);
-            bail!("cannot start an instance of {}: {}", f.name, e.message)
+            bail!("cannot start an instance of {}: {message}", f.name)
         }
     }
+}
+
+/// A python3 instance forked from its runtime's template, when templates are on;
+/// `None` for the plain path.
+fn from_template(
+    engine: &Engine,
+    f: &Function,
+    spec: &Spec,
+    entry: &skiff_cgroups::Entry,
+) -> Option<Result<Child>> {
+    if f.runtime != "python3" || !engine.use_templates {
+        return None;
+    }
+    let interpreter = spec.rootfs.join("usr/bin/python3");
+    let attempt = || -> Result<Child> {
+        let template = engine.templates.get(
+            &interpreter,
+            &["-I", "-S", "-c", PYTHON_BOOTSTRAP, "--template"],
+        )?;
+        let extra = serde_json::json!({
+            "handler": f.handler,
+            "concurrency": f.scale.concurrency,
+        });
+        let serde_json::Value::Object(extra) = extra else {
+            unreachable!("a JSON object")
+        };
+        template.fork(spec, entry, extra)
+    };
+    Some(attempt())
 }
 
 impl Instance {

@@ -12,6 +12,7 @@ mod metrics;
 mod openapi;
 mod protocol;
 mod registry;
+mod templates;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -46,6 +47,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// How long invocation records are kept.
     pub keep_records: Duration,
+    /// python3 cold starts fork from a template process (else the interpreter starts).
+    pub templates: bool,
 }
 
 /// Which listener a request came in on: deploying a host path is for the Unix socket
@@ -102,7 +105,12 @@ pub fn serve(config: Config, spawner: RemoteSpawner) -> Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let (engine, unfinished) = Engine::new(config.data.clone(), spawner, config.keep_records)?;
+        let (engine, unfinished) = Engine::new(
+            config.data.clone(),
+            spawner,
+            config.keep_records,
+            config.templates,
+        )?;
         let engine = Arc::new(engine);
         tokio::spawn(engine.clone().keep_alive_loop());
         for (record, request) in unfinished {
@@ -159,6 +167,10 @@ fn router(engine: Arc<Engine>, via: Via) -> Router {
         )
         .route("/v1/functions/{name}", get(describe).delete(remove))
         .route("/v1/functions/{name}/logs", get(logs))
+        .route(
+            "/v1/functions/{name}/instances",
+            axum::routing::delete(stop_instances),
+        )
         .route("/v1/instances", get(instances))
         .route("/v1/invocations", get(list_invocations))
         .route("/v1/invocations/{id}", get(get_invocation))
@@ -376,6 +388,17 @@ fn build(
 
 async fn instances(State(e): State<Arc<Engine>>) -> Json<Vec<engine::InstanceInfo>> {
     Json(e.instances())
+}
+
+/// `DELETE /v1/functions/NAME/instances`: scale to zero now (idle instances stop; busy
+/// ones finish their calls).
+async fn stop_instances(
+    State(e): State<Arc<Engine>>,
+    UrlPath(name): UrlPath<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let fp = e.function(&name).ok_or_else(|| not_found(&name))?;
+    let stopped = fp.stop_idle().await;
+    Ok(Json(json!({ "stopped": stopped })))
 }
 
 #[derive(Deserialize)]

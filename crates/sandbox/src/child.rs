@@ -107,7 +107,7 @@ impl Message {
 
 /// runc's masked /proc files and directories (the /sys ones do not apply: skiff mounts
 /// no /sys).
-const MASKED_FILES: [&str; 7] = [
+pub(crate) const MASKED_FILES: [&str; 7] = [
     "interrupts",
     "kcore",
     "keys",
@@ -116,8 +116,12 @@ const MASKED_FILES: [&str; 7] = [
     "timer_stats",
     "sched_debug",
 ];
-const MASKED_DIRS: [&str; 3] = ["acpi", "asound", "scsi"];
-const READONLY: [&str; 5] = ["bus", "fs", "irq", "sys", "sysrq-trigger"];
+pub(crate) const MASKED_DIRS: [&str; 3] = ["acpi", "asound", "scsi"];
+pub(crate) const READONLY: [&str; 5] = ["bus", "fs", "irq", "sys", "sysrq-trigger"];
+/// Mount options of /dev/shm, /tmp (and --tmpfs paths), and masked /proc directories.
+pub(crate) const SHM_OPTIONS: &str = "mode=1777,size=64m";
+pub(crate) const TMP_OPTIONS: &str = "mode=1777";
+pub(crate) const MASK_OPTIONS: &str = "size=0";
 
 /// A spawn's strings and descriptors, made before the clone.
 pub(crate) struct Prepared<'a> {
@@ -258,9 +262,9 @@ impl<'a> Prepared<'a> {
                 dev_null: cstring("/dev/null")?,
                 dot: cstring(".")?,
                 slash: cstring("/")?,
-                opt_shm: cstring("mode=1777,size=64m")?,
-                opt_tmp: cstring("mode=1777")?,
-                opt_mask: cstring("size=0")?,
+                opt_shm: cstring(SHM_OPTIONS)?,
+                opt_tmp: cstring(TMP_OPTIONS)?,
+                opt_mask: cstring(MASK_OPTIONS)?,
             },
         })
     }
@@ -660,9 +664,10 @@ fn mount_root(p: &Prepared, sock: RawFd) {
     check!(sock, Stage::PivotRoot, 3, libc::chdir(s.slash.as_ptr()));
 }
 
+/// Lock root's special powers off before dropping: exec as uid 0 grants nothing.
+pub(crate) const SECBITS: libc::c_ulong = 0x01 | 0x02 | 0x08 | 0x20 | 0x40 | 0x80;
+
 fn drop_privileges(p: &Prepared, sock: RawFd) {
-    // Lock root's special powers off before dropping: exec as uid 0 grants nothing.
-    const SECBITS: libc::c_ulong = 0x01 | 0x02 | 0x08 | 0x20 | 0x40 | 0x80;
     check!(
         sock,
         Stage::Caps,

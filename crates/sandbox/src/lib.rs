@@ -14,6 +14,7 @@ pub mod seccomp;
 mod server;
 mod spawn;
 mod spec;
+pub mod template;
 
 pub use server::RemoteSpawner;
 pub use spawn::{Child, ExitStatus, SpawnError, SpawnErrorKind, Spawner};

@@ -257,6 +257,19 @@ impl Filter {
         Filter { program }
     }
 
+    /// The program as the kernel reads it: 8 bytes per instruction (code u16, jt u8,
+    /// jf u8, k u32, native endian).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.program.len() * 8);
+        for i in &self.program {
+            out.extend_from_slice(&i.code.to_ne_bytes());
+            out.push(i.jt);
+            out.push(i.jf);
+            out.extend_from_slice(&i.k.to_ne_bytes());
+        }
+        out
+    }
+
     /// Installs the filter on the calling thread. The caller has set
     /// `PR_SET_NO_NEW_PRIVS`. Async-signal-safe: no allocation, no locks.
     pub fn apply(&self) -> io::Result<()> {

@@ -106,13 +106,9 @@ impl Spawner {
             threads <= 1,
             "a sandbox spawner must run in a single-threaded process ({threads} threads)"
         );
-        let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(40);
         Ok(Spawner {
             filter: Filter::docker_default(),
-            last_cap,
+            last_cap: last_cap(),
             adopt: false,
         })
     }
@@ -317,6 +313,14 @@ unsafe fn clone_vm(args: &mut CloneArgs, trampoline: &Trampoline) -> i64 {
         return -1;
     }
     ret
+}
+
+/// The highest capability number this kernel knows.
+pub(crate) fn last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40)
 }
 
 impl Child {

@@ -69,6 +69,10 @@ enum Command {
         /// How long invocation records (GET /v1/invocations) are kept, e.g. 1h, 30m.
         #[arg(long, env = "SKIFF_KEEP_RECORDS", default_value = "1h", value_parser = humantime::parse_duration)]
         keep_records: std::time::Duration,
+        /// How python3 instances start cold: `template` forks a ready interpreter
+        /// (a zygote), `plain` starts the interpreter in the sandbox.
+        #[arg(long, env = "SKIFF_COLD_START", default_value = "template", value_parser = ["template", "plain"])]
+        cold_start: String,
     },
     /// Deploy a function directory (with skiff.yaml) to the daemon.
     Deploy {
@@ -174,7 +178,15 @@ fn main() -> ExitCode {
         Command::Serve {
             listen,
             keep_records,
-        } => serve(&data, &cli.socket, listen, keep_records).map(|()| 0),
+            cold_start,
+        } => serve(
+            &data,
+            &cli.socket,
+            listen,
+            keep_records,
+            cold_start == "template",
+        )
+        .map(|()| 0),
         Command::Deploy { dir } => remote::deploy(&target, &dir).map(|()| 0),
         Command::Invoke {
             name,
@@ -224,6 +236,7 @@ fn serve(
     socket: &std::path::Path,
     listen: std::net::SocketAddr,
     keep_records: std::time::Duration,
+    templates: bool,
 ) -> anyhow::Result<()> {
     let spawner = skiff_sandbox::RemoteSpawner::start()?;
     skiff_daemon::serve(
@@ -232,6 +245,7 @@ fn serve(
             socket: socket.to_owned(),
             listen,
             keep_records,
+            templates,
         },
         spawner,
     )

@@ -1,14 +1,171 @@
 //! `skiff serve` end to end: deploy, list, invoke over the Unix socket and TCP, JSON
-//! errors with the right status, and a daemon killed with SIGKILL and restarted.
+//! errors with the right status, python3 and node instances (the handler contract,
+//! isolation, queueing, keep-alive), async invocations with callbacks, and a daemon
+//! killed with SIGKILL and restarted. Real daemon, real sandboxes, real HTTP; the
+//! python3 and node fixtures are in tests/functions/.
 
 mod common;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{stderr, stdout, Data, SKIFF};
+use serde_json::{json, Value};
+
+use common::{pid_alive, stderr, stdout, wait_gone, Data, SKIFF};
+
+/// How long any one HTTP exchange with the daemon may take before the test gives up.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An HTTP response as the tests read it.
+#[derive(Debug)]
+struct Response {
+    status: u16,
+    /// Names in lower case.
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "HTTP {}: the body is not JSON ({e}): {}",
+                self.status,
+                self.text()
+            )
+        })
+    }
+
+    /// The message of a JSON error answer, `{"error": "..."}`, checked to be one.
+    fn error(&self) -> String {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/json"),
+            "HTTP {} error is not JSON: {}",
+            self.status,
+            self.text()
+        );
+        let v = self.json();
+        v["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("HTTP {}: no \"error\" in {v}", self.status))
+            .to_owned()
+    }
+}
+
+fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut bytes = head.into_bytes();
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+/// Sends `request` and reads the whole answer. The request is written on its own
+/// thread: a server refusing a large body answers (and closes) before reading it all.
+fn exchange(
+    mut reader: impl Read,
+    mut writer: impl Write + Send,
+    request: &[u8],
+) -> std::io::Result<Response> {
+    let mut raw = Vec::new();
+    let read = std::thread::scope(|s| {
+        s.spawn(move || {
+            let _ = writer.write_all(request);
+        });
+        reader.read_to_end(&mut raw)
+    });
+    // A reset after the answer (the unread rest of a refused body) is no failure.
+    match parse_response(&raw) {
+        Some(response) => Ok(response),
+        None => Err(read.err().unwrap_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("no HTTP response: {:?}", String::from_utf8_lossy(&raw)),
+            )
+        })),
+    }
+}
+
+fn parse_response(raw: &[u8]) -> Option<Response> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..split]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.get(9..12)?.parse().ok()?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+    if chunked {
+        body = dechunk(&body)?;
+    } else if let Some(len) = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+    {
+        if body.len() < len {
+            return None;
+        }
+    }
+    Some(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let eol = data.windows(2).position(|w| w == b"\r\n")?;
+        let size = std::str::from_utf8(&data[..eol]).ok()?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(out);
+        }
+        let chunk = data.get(eol + 2..eol + 2 + size)?;
+        out.extend_from_slice(chunk);
+        data = data.get(eol + 4 + size..)?;
+    }
+}
+
+fn tcp_exchange(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Response> {
+    let stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let writer = stream.try_clone()?;
+    exchange(stream, writer, &request_bytes(method, path, headers, body))
+}
 
 struct Daemon {
     child: Child,
@@ -33,16 +190,20 @@ impl Daemon {
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "skiff serve did not come up");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon {
+        let daemon = Daemon {
             child,
             socket,
             port,
+        };
+        // It listens on the socket first, then on TCP.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&daemon.socket).is_err()
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+        {
+            assert!(Instant::now() < deadline, "skiff serve did not come up");
+            std::thread::sleep(Duration::from_millis(10));
         }
+        daemon
     }
 
     fn cli(&self, data: &Data, args: &[&str]) -> Output {
@@ -56,29 +217,150 @@ impl Daemon {
 
     /// A raw HTTP/1.1 request over TCP: (status, body).
     fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let status = response[9..12].parse().unwrap();
-        let body = response
-            .split_once("\r\n\r\n")
-            .map_or("", |(_, b)| b)
-            .to_owned();
-        (status, body)
+        let r = self.request(method, path, &[], body.as_bytes());
+        (r.status, r.text())
+    }
+
+    /// A raw HTTP/1.1 request over TCP.
+    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+        tcp_exchange(self.port, method, path, headers, body)
+            .unwrap_or_else(|e| panic!("{method} {path} over TCP: {e}"))
+    }
+
+    /// A raw HTTP/1.1 request over the Unix socket.
+    fn unix_request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Response {
+        let stream = std::os::unix::net::UnixStream::connect(&self.socket).unwrap();
+        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        let writer = stream.try_clone().unwrap();
+        exchange(stream, writer, &request_bytes(method, path, headers, body))
+            .unwrap_or_else(|e| panic!("{method} {path} over the Unix socket: {e}"))
+    }
+
+    fn get(&self, path: &str) -> Response {
+        self.request("GET", path, &[], b"")
+    }
+
+    /// `GET /v1/instances`, only those of `function`.
+    fn instances_of(&self, function: &str) -> Vec<Value> {
+        let r = self.get("/v1/instances");
+        assert_eq!(r.status, 200, "{}", r.text());
+        let all = r.json();
+        all.as_array()
+            .unwrap_or_else(|| panic!("/v1/instances is not a list: {all}"))
+            .iter()
+            .filter(|i| i["function"] == function)
+            .cloned()
+            .collect()
+    }
+
+    fn instance_count(&self) -> usize {
+        self.get("/v1/instances").json().as_array().unwrap().len()
+    }
+
+    /// `GET /v1/invocations/ID`, which must exist.
+    fn invocation(&self, id: &str) -> Value {
+        let r = self.get(&format!("/v1/invocations/{id}"));
+        assert_eq!(r.status, 200, "invocation {id}: {}", r.text());
+        r.json()
+    }
+
+    /// Stops the daemon as an operator does (SIGTERM) and checks that it exits cleanly.
+    fn stop(mut self) {
+        // SAFETY: plain kill(2) on our own child, not yet reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "skiff serve did not stop within 15 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(
+            status.success(),
+            "skiff serve ended with {status} on SIGTERM"
+        );
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // A test that failed half-way: SIGTERM first, so the daemon ends its instances
+        // and frees their slots, then SIGKILL if it does not stop.
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: plain kill(2) on our own child, not yet reaped.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Once the daemon has stopped: no slot claimed, nothing in the pool's cgroups, no skiff
+/// process on the data directory. (The pool's own mounts, its /dev template and run
+/// directory, stay until `gc --pools`: `Data`'s drop checks those.)
+fn assert_nothing_left(data: &Data) {
+    assert_eq!(
+        data.slots_in_use(),
+        0,
+        "cgroup slots are still claimed after the daemon stopped"
+    );
+    assert_eq!(
+        data.pool_processes(),
+        Vec::<i32>::new(),
+        "processes left in the pool's cgroups"
+    );
+    assert_eq!(
+        data.skiff_processes(),
+        Vec::<(i32, String)>::new(),
+        "skiff processes left on the data directory"
+    );
+}
+
+/// Polls `f` every 50 ms until it returns something, at most `timeout`.
+fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A function directory in tests/functions.
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/functions")
+        .join(name)
+}
+
+/// `skiff deploy` of a fixture, which must succeed.
+fn deploy(daemon: &Daemon, data: &Data, name: &str) {
+    let out = daemon.cli(data, &["deploy", fixture(name).to_str().unwrap()]);
+    assert!(out.status.success(), "deploy {name}: {}", stderr(&out));
+}
+
+/// A tar of a directory, as `POST /v1/functions` takes it.
+fn tar_of(dir: &Path) -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.append_dir_all(".", dir).unwrap();
+    tar.into_inner().unwrap()
 }
 
 fn function(data: &Data, name: &str, manifest: &str, c_source: Option<&str>) -> PathBuf {
@@ -128,9 +410,11 @@ fn deploy_list_and_invoke_over_both_sockets() {
         daemon.http("POST", "/function/echo", "openfaas alias"),
         (200, "openfaas alias".to_owned())
     );
+    let health = daemon.get("/healthz");
+    assert_eq!(health.status, 200, "{}", health.text());
     assert_eq!(
-        daemon.http("GET", "/healthz", ""),
-        (200, "{\"status\":\"ok\"}".to_owned())
+        health.json(),
+        json!({ "status": "ok", "data": data.dir.to_str().unwrap() })
     );
     let (status, body) = daemon.http("POST", "/fn/missing", "");
     assert_eq!(status, 404);
@@ -267,4 +551,961 @@ fn requests_reach_the_function_and_metrics_count_them() {
             "{path} missing from openapi.json"
         );
     }
+}
+
+/// The python3 and node handler contract, end to end: what the handler sees of the
+/// request (event, method, path, query, headers, request id), a `statusCode` answer,
+/// TCP, the Unix socket and the CLI, warm and cold calls, the invocation record with
+/// the handler's log lines, `skiff logs`, `skiff ps`, and a clean stop and restart.
+fn handler_contract(test: &str, name: &str, runtime: &str) {
+    let data = Data::new(test, 8);
+    let daemon = Daemon::start(&data);
+    let out = daemon.cli(&data, &["deploy", fixture(name).to_str().unwrap()]);
+    assert!(out.status.success(), "deploy: {}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with(&format!("deployed {name} ({runtime} runtime")),
+        "{}",
+        stdout(&out)
+    );
+    let ls = stdout(&daemon.cli(&data, &["ls"]));
+    assert!(
+        ls.lines()
+            .any(|l| l.split_whitespace().take(2).eq([name, runtime])),
+        "{ls}"
+    );
+
+    // Over TCP: method, path, query, a header and a JSON body reach the handler.
+    let r = daemon.request(
+        "PUT",
+        &format!("/fn/{name}/a/b?x=1&y=two"),
+        &[("X-Test", "over tcp")],
+        br#"{"k": [1, 2]}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let id = r
+        .header("x-skiff-invocation-id")
+        .expect("x-skiff-invocation-id")
+        .to_owned();
+    // The deploy started one instance (to check that the handler loads): it is warm.
+    assert_eq!(r.header("x-skiff-cold-start"), None, "{r:?}");
+    assert_eq!(
+        r.json(),
+        json!({
+            "event": {"k": [1, 2]},
+            "method": "PUT",
+            "path": "/a/b",
+            "query": "x=1&y=two",
+            "header": "over tcp",
+            "request_id": id,
+        })
+    );
+
+    // Over the Unix socket: a body that is not JSON is the event as text.
+    let r = daemon.unix_request("POST", &format!("/fn/{name}"), &[], b"plain text");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(
+        (
+            &v["event"],
+            &v["method"],
+            &v["path"],
+            &v["query"],
+            &v["header"]
+        ),
+        (
+            &json!("plain text"),
+            &json!("POST"),
+            &json!("/"),
+            &json!(""),
+            &Value::Null
+        ),
+        "{v}"
+    );
+    assert_eq!(
+        v["request_id"].as_str(),
+        r.header("x-skiff-invocation-id"),
+        "{v}"
+    );
+    // No body: no event.
+    let v = daemon.get(&format!("/fn/{name}")).json();
+    assert_eq!(v["event"], Value::Null, "{v}");
+
+    // The CLI, with -H.
+    let out = daemon.cli(
+        &data,
+        &[
+            "invoke",
+            name,
+            "-d",
+            r#"{"via": "cli"}"#,
+            "-H",
+            "X-Test: from cli",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["event"], json!({"via": "cli"}), "{v}");
+    assert_eq!(v["header"], "from cli", "{v}");
+
+    // A statusCode answer sets the status and the headers.
+    let r = daemon.get(&format!("/fn/{name}/status"));
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(
+        r.header("x-from-handler"),
+        Some(runtime.trim_end_matches('3'))
+    );
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.json(), json!({"created": true}));
+
+    // The first call's record, with the lines the handler printed.
+    let record = daemon.invocation(&id);
+    assert_eq!(record["id"], id.as_str());
+    assert_eq!(record["function"], name);
+    assert_eq!(record["status"], "succeeded", "{record}");
+    assert_eq!(record["http_status"], 200, "{record}");
+    assert_eq!(record["cold_start"], false, "{record}");
+    assert_eq!(record["async"], false, "{record}");
+    let printed = [format!("{name} saw PUT /a/b"), format!("{name} to stderr")];
+    for line in &printed {
+        assert!(
+            record["logs"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|x| x == line.as_str())),
+            "{line:?} not in the record's logs: {record}"
+        );
+    }
+    let out = daemon.cli(&data, &["invocation", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(shown["id"], id.as_str());
+
+    // `skiff logs`: every line with its invocation and stream.
+    let logs = stdout(&daemon.cli(&data, &["logs", name]));
+    for (stream, line) in [("stdout", &printed[0]), ("stderr", &printed[1])] {
+        assert!(
+            logs.lines()
+                .any(|l| l.contains(&format!(" {id} {stream}: {line}"))),
+            "{stream} line {line:?} of {id} not in `skiff logs`:\n{logs}"
+        );
+    }
+    let only = stdout(&daemon.cli(&data, &["logs", name, "--invocation", &id]));
+    assert_eq!(only.lines().count(), 2, "{only}");
+    assert!(only.lines().all(|l| l.contains(&id)), "{only}");
+
+    // `skiff ps` lists the instance.
+    let ps = stdout(&daemon.cli(&data, &["ps"]));
+    assert!(
+        ps.lines()
+            .any(|l| l.contains(" idle ") && l.trim_end().ends_with(&format!("function {name}"))),
+        "{ps}"
+    );
+
+    // A clean stop ends the instance; after a restart the first call is a cold start
+    // and the second is served warm by the same instance.
+    daemon.stop();
+    assert_nothing_left(&data);
+    let daemon = Daemon::start(&data);
+    let cold = daemon.request("POST", &format!("/fn/{name}"), &[], b"{}");
+    assert_eq!(cold.status, 200, "{}", cold.text());
+    assert_eq!(cold.header("x-skiff-cold-start"), Some("true"), "{cold:?}");
+    let cold = daemon.invocation(cold.header("x-skiff-invocation-id").unwrap());
+    assert_eq!(cold["cold_start"], true, "{cold}");
+    assert!(cold["init_ms"].as_f64().unwrap() > 0.0, "{cold}");
+    let warm = daemon.request("POST", &format!("/fn/{name}"), &[], b"{}");
+    assert_eq!(warm.status, 200, "{}", warm.text());
+    assert_eq!(warm.header("x-skiff-cold-start"), None, "{warm:?}");
+    let warm = daemon.invocation(warm.header("x-skiff-invocation-id").unwrap());
+    assert_eq!(warm["cold_start"], false, "{warm}");
+    assert_eq!(warm["instance"], cold["instance"], "{warm}\n{cold}");
+    // The log outlives the daemon.
+    let logs = stdout(&daemon.cli(&data, &["logs", name]));
+    assert!(logs.contains(&id), "{logs}");
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+#[test]
+fn python3_handler_contract_end_to_end() {
+    handler_contract("serve-python", "py-contract", "python3");
+}
+
+#[test]
+fn node_handler_contract_end_to_end() {
+    handler_contract("serve-node", "node-contract", "node");
+}
+
+/// The token a py-isolation instance answers with (one per instance).
+fn token(r: &Response) -> String {
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.text()
+        .strip_prefix("ok ")
+        .unwrap_or_else(|| panic!("not an instance token: {}", r.text()))
+        .to_owned()
+}
+
+#[test]
+fn a_crashing_hanging_or_greedy_python_function_harms_nothing_else() {
+    let data = Data::new("serve-isolation", 8);
+    let daemon = Daemon::start(&data);
+    deploy(&daemon, &data, "py-isolation");
+    deploy(&daemon, &data, "py-other");
+    let mut previous = token(&daemon.get("/fn/py-isolation"));
+    for case in ["crash", "hang", "oom", "flood", "raise"] {
+        let before = daemon.instances_of("py-isolation");
+        assert_eq!(before.len(), 1, "{before:?}");
+        let old_pid = before[0]["pid"].as_i64().unwrap() as i32;
+        let began = Instant::now();
+        let r = daemon.get(&format!("/fn/py-isolation/{case}"));
+        let took = began.elapsed();
+        // Whether the instance is (must be) replaced.
+        let replaced = match case {
+            "crash" => {
+                assert_eq!(r.status, 502, "{}", r.text());
+                assert!(r.error().contains("exited with 3"), "{}", r.text());
+                true
+            }
+            "hang" => {
+                assert_eq!(r.status, 504, "{}", r.text());
+                assert!(
+                    r.error().contains("timed out after 2000 ms"),
+                    "{}",
+                    r.text()
+                );
+                assert!(
+                    took >= Duration::from_secs(2) && took < Duration::from_secs(5),
+                    "a 2 s timeout answered after {took:?}"
+                );
+                true
+            }
+            "oom" => {
+                assert_eq!(r.status, 502, "{}", r.text());
+                assert!(r.error().contains("out of memory"), "{}", r.text());
+                true
+            }
+            "flood" => {
+                assert!(r.status == 200 || r.status == 504, "{}", r.text());
+                if r.status == 200 {
+                    assert_eq!(r.text(), "flooded");
+                    // The record keeps a bounded number of lines; the log has them all.
+                    let record = daemon.invocation(r.header("x-skiff-invocation-id").unwrap());
+                    let lines = record["logs"].as_array().unwrap();
+                    assert!(!lines.is_empty() && lines.len() <= 100, "{record}");
+                    assert_eq!(lines[0], "flood line 0", "{record}");
+                    let tail = stdout(&daemon.cli(&data, &["logs", "py-isolation", "--tail", "1"]));
+                    assert!(tail.trim_end().ends_with("flood line 99999"), "{tail}");
+                }
+                r.status == 504
+            }
+            "raise" => {
+                assert_eq!(r.status, 500, "{}", r.text());
+                let error = r.error();
+                for part in [
+                    "Traceback (most recent call last)",
+                    "/code/main.py",
+                    "ValueError: raised on purpose",
+                ] {
+                    assert!(error.contains(part), "{part:?} not in {error}");
+                }
+                let record = daemon.invocation(r.header("x-skiff-invocation-id").unwrap());
+                assert_eq!(record["status"], "failed", "{record}");
+                assert!(
+                    record["error"]
+                        .as_str()
+                        .is_some_and(|e| e.contains("ValueError: raised on purpose")),
+                    "{record}"
+                );
+                false
+            }
+            _ => unreachable!(),
+        };
+        let health = daemon.get("/healthz");
+        assert_eq!(health.status, 200, "after {case}: {}", health.text());
+        // The neighbour never noticed.
+        assert_eq!(
+            daemon.http("GET", "/fn/py-other", ""),
+            (200, "other is fine".to_owned()),
+            "after {case}"
+        );
+        if replaced {
+            assert!(
+                wait_gone(old_pid, Duration::from_secs(5)),
+                "the instance that got {case} (pid {old_pid}) is still alive"
+            );
+            // Wait until the daemon has forgotten it too: a call in between may be
+            // handed the dead instance (a_call_right_after_a_timeout_gets_a_fresh_instance).
+            wait_for(
+                "the old instance to be forgotten",
+                Duration::from_secs(5),
+                || {
+                    daemon
+                        .instances_of("py-isolation")
+                        .iter()
+                        .all(|i| i["pid"] != old_pid)
+                        .then_some(())
+                },
+            );
+        }
+        let again = daemon.get("/fn/py-isolation");
+        let now = token(&again);
+        if replaced {
+            assert_eq!(
+                again.header("x-skiff-cold-start"),
+                Some("true"),
+                "after {case}: {again:?}"
+            );
+            assert_ne!(now, previous, "after {case}: the same instance answered");
+        } else {
+            // A handler's exception or its output costs it nothing: same instance.
+            assert_eq!(again.header("x-skiff-cold-start"), None, "after {case}");
+            assert_eq!(now, previous, "after {case}: the instance was replaced");
+        }
+        previous = now;
+    }
+    // No slot leaked by the instances that died: one per live instance.
+    assert_eq!(data.slots_in_use(), daemon.instance_count());
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+/// The engine kills an instance whose call timed out (504), and "the next call gets a
+/// fresh one". The next call must not be handed the instance being killed.
+#[test]
+fn a_call_right_after_a_timeout_gets_a_fresh_instance() {
+    let data = Data::new("serve-timeout", 8);
+    let daemon = Daemon::start(&data);
+    deploy(&daemon, &data, "py-timeout");
+    let first = daemon.get("/fn/py-timeout");
+    assert_eq!(first.status, 200, "{}", first.text());
+    let mut seen = vec![first.text()];
+    let mut wrong = Vec::new();
+    // A call queued behind one that times out (max_instances: 1): the timeout frees the
+    // only instance by killing it, and the queued call is served next.
+    let (hung, queued) = std::thread::scope(|s| {
+        let hung = s.spawn(|| daemon.get("/fn/py-timeout/hang"));
+        std::thread::sleep(Duration::from_millis(300));
+        let queued = daemon.get("/fn/py-timeout");
+        (hung.join().unwrap(), queued)
+    });
+    assert_eq!(hung.status, 504, "{}", hung.text());
+    if queued.status != 200 || seen.contains(&queued.text()) {
+        wrong.push(format!(
+            "queued behind the timed-out call: HTTP {} {}",
+            queued.status,
+            queued.text()
+        ));
+    }
+    seen.push(queued.text());
+    // A client that calls again as soon as it gets its 504.
+    for attempt in 1..=3 {
+        let hung = daemon.get("/fn/py-timeout/hang");
+        assert_eq!(hung.status, 504, "{}", hung.text());
+        let next = daemon.get("/fn/py-timeout");
+        if next.status != 200 || seen.contains(&next.text()) {
+            wrong.push(format!(
+                "called again right after timeout {attempt}: HTTP {} {}",
+                next.status,
+                next.text()
+            ));
+        }
+        seen.push(next.text());
+    }
+    assert!(
+        wrong.is_empty(),
+        "calls after a timeout were not served by a fresh instance:\n{}",
+        wrong.join("\n")
+    );
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+#[test]
+fn a_full_queue_answers_429_and_the_rest_wait_their_turn() {
+    let data = Data::new("serve-queue", 8);
+    let daemon = Daemon::start(&data);
+    // max_instances 1, queue 2, a handler that sleeps 1 s.
+    deploy(&daemon, &data, "py-queue");
+    let start = std::sync::Barrier::new(7);
+    let results: Vec<(Response, Duration)> = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..6)
+            .map(|_| {
+                s.spawn(|| {
+                    start.wait();
+                    let began = Instant::now();
+                    let r = daemon.get("/fn/py-queue");
+                    (r, began.elapsed())
+                })
+            })
+            .collect();
+        start.wait();
+        std::thread::sleep(Duration::from_millis(500));
+        // Meanwhile: one instance, serving, and two requests waiting.
+        let running = daemon.instances_of("py-queue");
+        assert_eq!(running.len(), 1, "{running:?}");
+        assert_eq!(running[0]["inflight"], 1, "{running:?}");
+        let ps = stdout(&daemon.cli(&data, &["ps"]));
+        assert!(
+            ps.lines()
+                .any(|l| l.contains(" serving ") && l.trim_end().ends_with("function py-queue")),
+            "{ps}"
+        );
+        let metrics = daemon.get("/metrics").text();
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l == "skiff_queue_depth{function=\"py-queue\"} 2"),
+            "{metrics}"
+        );
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let statuses: Vec<u16> = results.iter().map(|(r, _)| r.status).collect();
+    let (served, refused): (Vec<_>, Vec<_>) = results.iter().partition(|(r, _)| r.status == 200);
+    assert_eq!(
+        served.len(),
+        3,
+        "1 running + 2 queued expected: {statuses:?}"
+    );
+    assert_eq!(refused.len(), 3, "{statuses:?}");
+    for (r, took) in &refused {
+        assert_eq!(r.status, 429, "{statuses:?}: {}", r.text());
+        assert!(r.error().contains("busy"), "{}", r.text());
+        assert!(*took < Duration::from_millis(900), "a 429 took {took:?}");
+    }
+    let mut took: Vec<Duration> = served
+        .iter()
+        .map(|(r, took)| {
+            assert_eq!(r.text(), "slept");
+            *took
+        })
+        .collect();
+    took.sort();
+    // One after the other on the one instance: about 1, 2 and 3 s.
+    assert!(
+        took[0] >= Duration::from_millis(900) && took[2] >= Duration::from_millis(2800),
+        "{took:?}"
+    );
+    let metrics = daemon.get("/metrics").text();
+    for line in [
+        "skiff_invocations_total{function=\"py-queue\",status=\"2xx\"} 3",
+        "skiff_invocations_total{function=\"py-queue\",status=\"4xx\"} 3",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in:\n{metrics}"
+        );
+    }
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+#[test]
+fn idle_instances_scale_to_zero_unless_min_instances_keeps_them() {
+    let data = Data::new("serve-keepalive", 8);
+    let daemon = Daemon::start(&data);
+    // keep_alive 1s; and keep_alive 1s with min_instances 1.
+    deploy(&daemon, &data, "py-brief");
+    deploy(&daemon, &data, "py-warm");
+    let warm_since = Instant::now();
+    let warm = daemon.instances_of("py-warm");
+    assert_eq!(warm.len(), 1, "{warm:?}");
+
+    let r = daemon.get("/fn/py-brief");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let invoked = Instant::now();
+    let brief = daemon.instances_of("py-brief");
+    assert_eq!(brief.len(), 1, "{brief:?}");
+    let pid = brief[0]["pid"].as_i64().unwrap() as i32;
+    std::thread::sleep(Duration::from_millis(500).saturating_sub(invoked.elapsed()));
+    assert_eq!(
+        daemon.instances_of("py-brief").len(),
+        1,
+        "gone before its keep-alive"
+    );
+    wait_for("py-brief to scale to zero", Duration::from_secs(4), || {
+        daemon.instances_of("py-brief").is_empty().then_some(())
+    });
+    assert!(
+        invoked.elapsed() > Duration::from_secs(1),
+        "gone after {:?}, before its 1 s keep-alive",
+        invoked.elapsed()
+    );
+    assert!(
+        wait_gone(pid, Duration::from_secs(2)),
+        "the expired instance (pid {pid}) is still alive"
+    );
+    assert!(!data.pool_processes().contains(&pid));
+    // Its slot is free again: only py-warm's is claimed.
+    assert_eq!(data.slots_in_use(), 1);
+
+    // min_instances 1: py-warm's instance outlives its keep-alive, and serves warm.
+    std::thread::sleep(Duration::from_millis(2500).saturating_sub(warm_since.elapsed()));
+    let still = daemon.instances_of("py-warm");
+    assert_eq!(
+        still.iter().map(|i| &i["id"]).collect::<Vec<_>>(),
+        vec![&warm[0]["id"]],
+        "{still:?}"
+    );
+    let r = daemon.get("/fn/py-warm");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-skiff-cold-start"), None, "{r:?}");
+    // Killed from outside, it is replaced.
+    let warm_pid = warm[0]["pid"].as_i64().unwrap() as i32;
+    // SAFETY: kill(2) on the instance's pid, which the daemon has not reaped (it is alive).
+    assert!(pid_alive(warm_pid));
+    unsafe { libc::kill(warm_pid, libc::SIGKILL) };
+    let replaced = wait_for("a new py-warm instance", Duration::from_secs(5), || {
+        let now = daemon.instances_of("py-warm");
+        (now.len() == 1 && now[0]["id"] != warm[0]["id"]).then(|| now[0].clone())
+    });
+    assert_ne!(replaced["pid"], warm[0]["pid"]);
+    let r = daemon.get("/fn/py-warm");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let served = daemon.invocation(r.header("x-skiff-invocation-id").unwrap());
+    assert_eq!(served["instance"], replaced["id"], "{served}");
+
+    // py-brief scaled to zero: its next call starts an instance.
+    let r = daemon.get("/fn/py-brief");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-skiff-cold-start"), Some("true"), "{r:?}");
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+#[test]
+fn bad_deploys_and_bad_requests_get_json_errors() {
+    let data = Data::new("serve-bad-input", 8);
+    let daemon = Daemon::start(&data);
+    let deploy_body = |body: &[u8], content_type: &str| {
+        daemon.request(
+            "POST",
+            "/v1/functions",
+            &[("content-type", content_type)],
+            body,
+        )
+    };
+    // The body of a deploy is a tar of the function's directory: not JSON, not junk,
+    // not half a tar.
+    let whole = tar_of(&fixture("py-other"));
+    for (body, content_type) in [
+        (
+            &br#"{"name": "py-other", "runtime": "#[..],
+            "application/json",
+        ),
+        (&b"definitely not a tar archive"[..], "application/x-tar"),
+        (&whole[..700], "application/x-tar"),
+    ] {
+        let r = deploy_body(body, content_type);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(
+            r.error().contains("not a tar of the function's directory"),
+            "{}",
+            r.text()
+        );
+    }
+    let empty = vec![0u8; 1024];
+    let r = deploy_body(&empty, "application/x-tar");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.error().contains("no skiff.yaml"), "{}", r.text());
+
+    // An unknown key, named with its line and column.
+    let r = deploy_body(&tar_of(&fixture("py-badkey")), "application/x-tar");
+    assert_eq!(r.status, 400, "{}", r.text());
+    let error = r.error();
+    assert!(
+        error.contains("skiff.yaml:5:3") && error.contains("unknown field `max_instance`"),
+        "{error}"
+    );
+    // A handler that does not compile: its SyntaxError, and no function.
+    let r = deploy_body(&tar_of(&fixture("py-syntax")), "application/x-tar");
+    assert_eq!(r.status, 400, "{}", r.text());
+    let error = r.error();
+    assert!(
+        error.contains("SyntaxError") && error.contains("/code/main.py\", line 1"),
+        "{error}"
+    );
+    let out = daemon.cli(&data, &["deploy", fixture("py-syntax").to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("SyntaxError") && stderr(&out).contains("HTTP 400"),
+        "{}",
+        stderr(&out)
+    );
+    let listed = daemon.get("/v1/functions");
+    assert_eq!(listed.status, 200);
+    assert_eq!(listed.json(), json!([]), "failed deploys are listed");
+    assert!(!stdout(&daemon.cli(&data, &["ls"])).contains("py-syntax"));
+    for path in ["/v1/functions/py-syntax", "/fn/py-syntax"] {
+        assert_eq!(daemon.get(path).status, 404, "{path}");
+    }
+    // The instance that tried to load it is gone and its slot free; no scratch copy.
+    assert_eq!(daemon.instance_count(), 0);
+    assert_eq!(data.slots_in_use(), 0);
+    let scratch: Vec<_> = std::fs::read_dir(data.dir.join("functions"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(scratch.is_empty(), "left in DATA/functions: {scratch:?}");
+
+    // A path on the daemon's host: over the Unix socket only.
+    let by_path = format!("/v1/functions?path={}", fixture("py-other").display());
+    let r = daemon.request("POST", &by_path, &[], b"");
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(r.error().contains("Unix socket"), "{}", r.text());
+    let r = daemon.unix_request("POST", "/v1/functions?path=relative/dir", &[], b"");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.error().contains("not an absolute path"), "{}", r.text());
+    let r = daemon.unix_request("POST", &by_path, &[], b"");
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["name"], "py-other");
+
+    // Bodies: 6 MiB is allowed, a byte more is 413.
+    let limit = vec![b'x'; 6 << 20];
+    assert_eq!(
+        daemon.http("POST", "/fn/py-other", std::str::from_utf8(&limit).unwrap()),
+        (200, "other is fine".to_owned())
+    );
+    let over = vec![b'x'; (6 << 20) + 1];
+    for path in ["/fn/py-other", "/async/py-other"] {
+        let r = daemon.request("POST", path, &[], &over);
+        assert_eq!(r.status, 413, "{path}: {}", r.text());
+        assert!(r.error().contains("6 MiB"), "{}", r.text());
+    }
+
+    // Unknown functions, on every route that names one.
+    for (method, path) in [
+        ("POST", "/fn/nope"),
+        ("GET", "/fn/nope/a/b"),
+        ("POST", "/function/nope"),
+        ("POST", "/async/nope"),
+        ("GET", "/v1/functions/nope"),
+        ("DELETE", "/v1/functions/nope"),
+        ("GET", "/v1/functions/nope/logs"),
+    ] {
+        let r = daemon.request(method, path, &[], b"{}");
+        assert_eq!(r.status, 404, "{method} {path}: {}", r.text());
+        assert!(
+            r.error().contains("\"nope\""),
+            "{method} {path}: {}",
+            r.text()
+        );
+    }
+    let r = daemon.get("/v1/invocations/0123456789abcdef");
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(r.error().contains("0123456789abcdef"));
+    // Unknown routes.
+    for path in [
+        "/nope",
+        "/v2/functions",
+        "/fn",
+        "/v1/functions/py-other/nope",
+    ] {
+        let r = daemon.get(path);
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+        assert_eq!(r.error(), "no such route", "{path}");
+    }
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+#[test]
+fn a_daemon_killed_under_load_leaves_nothing_and_resumes_async_work() {
+    let data = Data::new("serve-sigkill-load", 16);
+    let mut daemon = Daemon::start(&data);
+    deploy(&daemon, &data, "py-work");
+    deploy(&daemon, &data, "py-contract");
+    // An async invocation still running when the daemon dies: its call is in the
+    // handler (the only py-work instance is busy) and its record is not finished.
+    let r = daemon.request("POST", "/async/py-work?sleep=2000", &[], br#"{"n": 42}"#);
+    assert_eq!(r.status, 202, "{}", r.text());
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    wait_for(
+        "the async invocation to run",
+        Duration::from_secs(5),
+        || {
+            (daemon
+                .instances_of("py-work")
+                .iter()
+                .any(|i| i["inflight"] == 1))
+            .then_some(())
+        },
+    );
+
+    // A load on both functions, then SIGKILL in the middle of it.
+    let stop = AtomicBool::new(false);
+    let port = daemon.port;
+    let (instance_pids, daemon_pids, served) = std::thread::scope(|s| {
+        let load: Vec<_> = (0..6)
+            .map(|n| {
+                let stop = &stop;
+                s.spawn(move || {
+                    let path = if n % 2 == 0 {
+                        "/fn/py-work?sleep=150"
+                    } else {
+                        "/fn/py-contract"
+                    };
+                    let mut statuses = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        match tcp_exchange(port, "POST", path, &[], b"{}") {
+                            Ok(r) => statuses.push(r.status),
+                            // The daemon is gone.
+                            Err(_) => break,
+                        }
+                    }
+                    statuses
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(800));
+        let instances: Vec<i32> = daemon
+            .get("/v1/instances")
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["pid"].as_i64().unwrap() as i32)
+            .collect();
+        let daemon_pids: Vec<i32> = data.skiff_processes().iter().map(|p| p.0).collect();
+        assert!(daemon_pids.contains(&(daemon.child.id() as i32)));
+        let before_kill = daemon.invocation(&id);
+        assert!(
+            before_kill["status"] == "queued" || before_kill["status"] == "running",
+            "the async invocation ended before the kill: {before_kill}"
+        );
+        daemon.child.kill().unwrap();
+        daemon.child.wait().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        let served: Vec<u16> = load.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        (instances, daemon_pids, served)
+    });
+    assert!(
+        served.len() >= 6 && served.iter().all(|&s| s == 200),
+        "the load before the kill: {served:?}"
+    );
+    // Every instance (several: 6 clients, 1 call per instance at a time) died with it,
+    // and so did the daemon's spawner.
+    assert!(instance_pids.len() >= 3, "{instance_pids:?}");
+    for pid in &instance_pids {
+        assert!(
+            wait_gone(*pid, Duration::from_secs(5)),
+            "instance pid {pid} outlived the daemon"
+        );
+    }
+    for pid in &daemon_pids {
+        assert!(
+            wait_gone(*pid, Duration::from_secs(5)),
+            "daemon process {pid} outlived the SIGKILL"
+        );
+    }
+    assert_eq!(data.pool_processes(), Vec::<i32>::new());
+    drop(daemon);
+
+    // Restarted on the same data directory: everything is there and works.
+    let daemon = Daemon::start(&data);
+    let names: Vec<Value> = daemon
+        .get("/v1/functions")
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].clone())
+        .collect();
+    assert_eq!(names, vec![json!("py-contract"), json!("py-work")]);
+    let record = wait_for(
+        "the async invocation to finish after the restart",
+        Duration::from_secs(15),
+        || {
+            let record = daemon.invocation(&id);
+            match record["status"].as_str().unwrap() {
+                "queued" | "running" => None,
+                _ => Some(record),
+            }
+        },
+    );
+    assert_eq!(record["status"], "succeeded", "{record}");
+    assert_eq!(record["http_status"], 200, "{record}");
+    let result: Value = serde_json::from_str(record["result"].as_str().unwrap()).unwrap();
+    assert_eq!(result, json!({"echo": {"n": 42}, "slept_ms": 2000}));
+    let r = daemon.request("POST", "/fn/py-work", &[], br#"{"after": "restart"}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["echo"], json!({"after": "restart"}));
+    let r = daemon.request("POST", "/fn/py-contract/x", &[], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["path"], "/x");
+    // The dead daemon's claims were taken back: one slot per live instance.
+    assert_eq!(data.slots_in_use(), daemon.instance_count());
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+/// Reads one HTTP request (head and Content-Length body) from `conn` and answers 200.
+fn read_request(conn: &mut std::net::TcpStream) -> (String, Vec<(String, String)>, Vec<u8>) {
+    conn.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16 << 10];
+    let split = loop {
+        if let Some(at) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at;
+        }
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "the callback ended before its head");
+        raw.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap().to_owned();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let len: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .map_or(0, |(_, v)| v.parse().unwrap());
+    let mut body = raw[split + 4..].to_vec();
+    while body.len() < len {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "the callback ended before its body");
+        body.extend_from_slice(&buf[..n]);
+    }
+    conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    (request_line, headers, body)
+}
+
+#[test]
+fn async_invocations_finish_in_the_background_and_call_back() {
+    let data = Data::new("serve-async", 8);
+    let daemon = Daemon::start(&data);
+    deploy(&daemon, &data, "py-work");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let callback = format!(
+        "http://127.0.0.1:{}/done?tag=1",
+        listener.local_addr().unwrap().port()
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let _ = tx.send(read_request(&mut conn));
+    });
+
+    let r = daemon.request(
+        "POST",
+        "/async/py-work/job?sleep=1000",
+        &[("X-Callback-Url", &callback)],
+        br#"{"x": 1}"#,
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let accepted = r.json();
+    let id = accepted["id"].as_str().unwrap().to_owned();
+    assert_eq!(accepted, json!({"id": id, "status": "queued"}));
+    assert_eq!(r.header("x-call-id"), Some(id.as_str()));
+    assert_eq!(
+        r.header("location"),
+        Some(format!("/v1/invocations/{id}").as_str())
+    );
+    // While its handler runs (the instance is busy with it), the record says so.
+    wait_for(
+        "the async call to reach its handler",
+        Duration::from_secs(5),
+        || {
+            daemon
+                .instances_of("py-work")
+                .iter()
+                .any(|i| i["inflight"] == 1)
+                .then_some(())
+        },
+    );
+    let while_running = daemon.invocation(&id);
+    let record = wait_for("the async invocation", Duration::from_secs(10), || {
+        let record = daemon.invocation(&id);
+        match record["status"].as_str().unwrap() {
+            "queued" | "running" => None,
+            _ => Some(record),
+        }
+    });
+    assert_eq!(record["status"], "succeeded", "{record}");
+    assert_eq!(record["async"], true, "{record}");
+    assert_eq!(record["http_status"], 200, "{record}");
+    assert_eq!(record["callback_url"], callback.as_str(), "{record}");
+    assert_eq!(record["logs"], json!(["py-work slept 1000 ms"]), "{record}");
+    let result: Value = serde_json::from_str(record["result"].as_str().unwrap()).unwrap();
+    assert_eq!(result, json!({"echo": {"x": 1}, "slept_ms": 1000}));
+
+    // The callback: a POST of the result, with the invocation's id.
+    let (request_line, headers, body) = rx
+        .recv_timeout(Duration::from_secs(15))
+        .expect("no callback came");
+    server.join().unwrap();
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(request_line, "POST /done?tag=1 HTTP/1.1");
+    assert_eq!(header("x-call-id"), Some(id.as_str()), "{headers:?}");
+    assert_eq!(header("x-function-name"), Some("py-work"), "{headers:?}");
+    assert_eq!(header("x-function-status"), Some("200"), "{headers:?}");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap(),
+        result,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+
+    // The CLI's --async, and `skiff invocation`.
+    let out = daemon.cli(
+        &data,
+        &["invoke", "py-work", "-d", r#"{"y": 2}"#, "--async"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id2 = stdout(&out).trim().to_owned();
+    assert!(
+        id2.len() == 16 && id2.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{id2:?}"
+    );
+    let shown = wait_for(
+        "the CLI's async invocation",
+        Duration::from_secs(10),
+        || {
+            let out = daemon.cli(&data, &["invocation", &id2]);
+            assert!(out.status.success(), "{}", stderr(&out));
+            let shown: Value = serde_json::from_str(&stdout(&out)).unwrap();
+            (shown["status"] == "succeeded").then_some(shown)
+        },
+    );
+    let result: Value = serde_json::from_str(shown["result"].as_str().unwrap()).unwrap();
+    assert_eq!(result, json!({"echo": {"y": 2}, "slept_ms": 0}));
+    // Both listed under the function.
+    let listed = daemon.get("/v1/invocations?function=py-work").json();
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&id.as_str()) && ids.contains(&id2.as_str()),
+        "{ids:?}"
+    );
+
+    // Refused up front: a callback that is not http://, a function that does not exist.
+    let r = daemon.request(
+        "POST",
+        "/async/py-work",
+        &[("X-Callback-Url", "https://example.com/x")],
+        b"",
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.error().contains("X-Callback-Url"), "{}", r.text());
+    let r = daemon.request("POST", "/async/nope", &[], b"");
+    assert_eq!(r.status, 404, "{}", r.text());
+    daemon.stop();
+    assert_nothing_left(&data);
+    // Last, so that everything above is checked either way: GET /v1/invocations/ID
+    // reports an async invocation whose handler is running as `running`.
+    assert_eq!(
+        while_running["status"], "running",
+        "the record of an async invocation in its handler: {while_running}"
+    );
 }

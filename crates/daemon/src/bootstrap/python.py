@@ -1,16 +1,23 @@
-# skiff's python3 bootstrap: imports the handler once, then serves invocations over
-# the framed channel on fd 0 (frame: u32 meta length, u32 body length, JSON meta, body).
+# skiff's python3 bootstrap. As an instance (argv: HANDLER CONCURRENCY) it imports the
+# handler once, then serves invocations over the framed channel on fd 0 (frame: u32
+# meta length, u32 body length, JSON meta, body). As a template (argv: --template) it
+# waits on fd 0 for sandbox plans and forks an instance into each (see template()).
 import io, json, os, socket, struct, sys, threading, time, traceback
-sys.path[:0] = ["/code"]
-sys.path.append("/usr/lib/python3/dist-packages")
 HEAD = struct.Struct(">II")
-chan = socket.socket(fileno=os.dup(0))
-_null = os.open("/dev/null", os.O_RDONLY)
-os.dup2(_null, 0)
-os.close(_null)
-reader = chan.makefile("rb")
 send_lock = threading.Lock()
 current = threading.local()
+chan = reader = handle = None
+FUNCTION = ""
+
+
+def attach(fd):
+    """The channel is fd; stdin becomes /dev/null."""
+    global chan, reader
+    chan = socket.socket(fileno=fd)
+    reader = chan.makefile("rb")
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
 
 
 def send(meta, body=b""):
@@ -126,24 +133,201 @@ def read_exact(n):
     return data
 
 
-FUNCTION = os.environ.get("SKIFF_FUNCTION", "")
-module_name, _, attr = sys.argv[1].rpartition(".")
-concurrency = int(sys.argv[2])
-try:
-    import importlib
+def run(spec, concurrency):
+    """Imports the handler `module.function`, then serves until the channel closes."""
+    global handle, FUNCTION
+    FUNCTION = os.environ.get("SKIFF_FUNCTION", "")
+    sys.path[:0] = ["/code"]
+    sys.path.append("/usr/lib/python3/dist-packages")
+    module_name, _, attr = spec.rpartition(".")
+    try:
+        import importlib
 
-    handle = getattr(importlib.import_module(module_name), attr)
-except BaseException:
-    send({"t": "init_error"}, user_traceback().encode())
-    sys.exit(1)
-sys.stdout = Capture("stdout")
-sys.stderr = Capture("stderr")
-send({"t": "ready"})
-while True:
-    meta_len, body_len = HEAD.unpack(read_exact(HEAD.size))
-    meta = json.loads(read_exact(meta_len))
-    body = read_exact(body_len)
-    if concurrency == 1:
-        serve(meta, body)
-    else:
-        threading.Thread(target=serve, args=(meta, body), daemon=True).start()
+        handle = getattr(importlib.import_module(module_name), attr)
+    except BaseException:
+        send({"t": "init_error"}, user_traceback().encode())
+        os._exit(1)
+    sys.stdout = Capture("stdout")
+    sys.stderr = Capture("stderr")
+    send({"t": "ready"})
+    while True:
+        meta_len, body_len = HEAD.unpack(read_exact(HEAD.size))
+        meta = json.loads(read_exact(meta_len))
+        body = read_exact(body_len)
+        if concurrency == 1:
+            serve(meta, body)
+        else:
+            threading.Thread(target=serve, args=(meta, body), daemon=True).start()
+
+
+def template():
+    """The zygote: an interpreter with this bootstrap loaded, as root in the host's
+    namespaces. For each plan on the control socket (fd 0; the plan as JSON, the
+    descriptors beside it) it clones a child into new namespaces and its cgroup; the
+    child builds its sandbox from the plan, as skiff's native spawner does, and becomes
+    an instance, skipping the interpreter's start."""
+    # Imported now: after pivot_root the child cannot find them at these paths.
+    import ctypes, importlib, resource
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    # clone3 through PyDLL: the GIL stays held, so the child's copy of it is consistent.
+    raw = ctypes.PyDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    # Where this interpreter's files are (the runtime layer), to re-point after pivot_root.
+    prefix = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    control = socket.socket(fileno=os.dup(0))
+    attach_null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(attach_null, 0)
+    os.close(attach_null)
+
+    def check(result, what):
+        if result < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"{what}: {os.strerror(e)}")
+        return result
+
+    def mount(src, dst, fstype, flags, data=None):
+        enc = lambda s: s.encode() if isinstance(s, str) else s
+        return libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data))
+
+    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+    MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+    ENOENT = 2
+
+    def enter(plan, fds):
+        """In the child: the steps of skiff's spawner (crates/sandbox/src/child.rs)."""
+        it = iter(fds[3:])
+        clone_into = next(it) if plan["clone_into"] else None
+        joins = [next(it) for _ in range(plan["joins"])]
+        netns = next(it) if plan["netns"] else None
+        for fd in joins:
+            os.write(fd, b"0")
+        check(libc.unshare(0x02000000), "unshare cgroup namespace")  # CLONE_NEWCGROUP
+        if netns is not None:
+            check(libc.setns(netns, 0x40000000), "join the network namespace")
+        root = plan["rootfs"]
+        nsd, nsdx = MS_NOSUID | MS_NODEV, MS_NOSUID | MS_NODEV | MS_NOEXEC
+        check(mount(None, "/", None, MS_REC | MS_PRIVATE), "make / private")
+        check(mount(root, root, None, MS_BIND), "bind the root")
+        check(mount(root, root, None, MS_BIND | MS_REMOUNT | MS_RDONLY | nsd), "remount the root read-only")
+        check(mount("proc", root + "/proc", "proc", nsdx), "mount /proc")
+        for name in plan["masked_files"]:
+            if mount("/dev/null", f"{root}/proc/{name}", None, MS_BIND) < 0 and ctypes.get_errno() != ENOENT:
+                check(-1, f"mask /proc/{name}")
+        for name in plan["masked_dirs"]:
+            if mount("tmpfs", f"{root}/proc/{name}", "tmpfs", MS_RDONLY | nsdx, plan["mask_options"]) < 0 \
+                    and ctypes.get_errno() != ENOENT:
+                check(-1, f"mask /proc/{name}")
+        for name in plan["readonly"]:
+            path = f"{root}/proc/{name}"
+            if mount(path, path, None, MS_BIND) < 0:
+                if ctypes.get_errno() == ENOENT:
+                    continue
+                check(-1, f"bind /proc/{name}")
+            check(mount(path, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | nsdx), f"remount /proc/{name}")
+        check(mount(plan["dev_template"], root + "/dev", None, MS_BIND | MS_REC), "bind /dev")
+        check(mount("tmpfs", root + "/dev/shm", "tmpfs", nsdx, plan["shm_options"]), "mount /dev/shm")
+        check(mount("tmpfs", root + "/tmp", "tmpfs", nsd, plan["tmp_options"]), "mount /tmp")
+        os.chdir(root)
+        check(libc.syscall(155, b".", b"."), "pivot_root")  # SYS_pivot_root
+        check(libc.umount2(b".", 2), "detach the old root")  # MNT_DETACH
+        os.chdir("/")
+        host = plan["hostname"].encode()
+        check(libc.sethostname(host, len(host)), "sethostname")
+        nofile = plan["max_open_files"]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.setgroups([])
+        check(libc.prctl(28, ctypes.c_ulong(plan["secure_bits"])), "securebits")  # PR_SET_SECUREBITS
+        for cap in range(plan["last_cap"] + 1):
+            check(libc.prctl(24, ctypes.c_ulong(cap)), "drop bounding capabilities")  # PR_CAPBSET_DROP
+        check(libc.prctl(47, ctypes.c_ulong(4), 0, 0, 0), "clear ambient capabilities")  # PR_CAP_AMBIENT_CLEAR_ALL
+        os.setresgid(plan["gid"], plan["gid"], plan["gid"])
+        os.setresuid(plan["uid"], plan["uid"], plan["uid"])
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+        data = (ctypes.c_uint32 * 6)()
+        check(libc.syscall(126, header, data), "capset")  # SYS_capset
+        os.chdir(plan["cwd"])
+        check(libc.prctl(1, ctypes.c_ulong(9)), "parent-death signal")  # PR_SET_PDEATHSIG SIGKILL
+        # Descriptors: the channel and the log pipe, nothing else of the zygote's.
+        channel, log_out, log_err = fds[0], fds[1], fds[2]
+        os.dup2(log_out, 1)
+        os.dup2(log_err, 2)
+        keep = os.dup(channel)
+        os.closerange(3, keep)
+        os.closerange(keep + 1, 1 << 16)
+        os.environ.clear()
+        for pair in plan["env"]:
+            k, _, v = pair.partition("=")
+            os.environ[k] = v
+        check(libc.prctl(38, 1, 0, 0, 0), "no_new_privs")  # PR_SET_NO_NEW_PRIVS
+        program = bytes.fromhex(plan["seccomp"])
+        buf = ctypes.create_string_buffer(program, len(program))
+
+        class Prog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        prog = Prog(len(program) // 8, ctypes.addressof(buf))
+        check(libc.syscall(317, 1, 0, ctypes.byref(prog)), "seccomp")  # SECCOMP_SET_MODE_FILTER
+        return keep
+
+    def fork(plan, fds):
+        # CLONE_NEWNS|NEWUTS|NEWIPC|NEWPID|PIDFD|PARENT: the child is the daemon's.
+        flags = 0x00020000 | 0x04000000 | 0x08000000 | 0x20000000 | 0x00001000 | 0x00008000
+        args = (ctypes.c_uint64 * 11)()
+        pidfd = ctypes.c_int(-1)
+        args[1] = ctypes.addressof(pidfd)
+        if plan["clone_into"]:
+            flags |= 0x200000000  # CLONE_INTO_CGROUP
+            args[10] = fds[3]
+        args[0] = flags
+        pid = raw.syscall(435, args, ctypes.sizeof(args))  # SYS_clone3
+        if pid < 0:
+            check(-1, "clone3")
+        if pid == 0:
+            try:
+                keep = enter(plan, fds)
+            except BaseException as e:
+                msg = json.dumps({"t": "init_error"}).encode()
+                body = f"cannot set up the sandbox: {e}".encode()
+                os.write(fds[0], HEAD.pack(len(msg), len(body)) + msg + body)
+                os._exit(125)
+            attach(keep)
+            run(plan["handler"], plan["concurrency"])
+        return pid, pidfd.value
+
+    import gc
+
+    # From here on the template imports nothing: point the interpreter at the paths its
+    # files have inside a sandbox (the runtime layer is every python3 root's /usr).
+    sys.path[:] = [p[len(prefix):] if p.startswith(prefix + "/") else p for p in sys.path]
+    for name in ("prefix", "exec_prefix", "base_prefix", "base_exec_prefix"):
+        setattr(sys, name, "/usr")
+    sys.executable = "/usr/bin/python3.11"
+    sys.path_importer_cache.clear()
+    importlib.invalidate_caches()
+    control.send(b"ready")
+    while True:
+        msg, fds, _, _ = socket.recv_fds(control, 1 << 20, 16)
+        if not msg:
+            os._exit(0)
+        try:
+            plan = json.loads(msg)
+            # Everything alive now is the template's: the collector leaves it alone in
+            # the child, so it does not copy every page it would otherwise touch.
+            gc.freeze()
+            pid, pidfd = fork(plan, fds)
+            socket.send_fds(control, [json.dumps({"pid": pid}).encode()], [pidfd])
+            os.close(pidfd)
+        except Exception as e:
+            control.send(json.dumps({"error": str(e)}).encode())
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+if sys.argv[1] == "--template":
+    template()
+else:
+    attach(os.dup(0))
+    run(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,194 @@
+//! The sandbox set-up as data, for a template process (a zygote) that forks sandboxes
+//! instead of exec'ing a program: the forked child replays these steps in the order
+//! [`crate::child`] takes them before its exec, with the same constants (masked /proc
+//! paths, mount options, securebits, the seccomp program). Keeping the values here
+//! keeps one source for what a sandbox is; the zygote only supplies the mechanism.
+
+use std::os::fd::{AsRawFd, RawFd};
+
+use serde::Serialize;
+use skiff_cgroups::Entry;
+
+use crate::child::{
+    MASKED_DIRS, MASKED_FILES, MASK_OPTIONS, READONLY, SECBITS, SHM_OPTIONS, TMP_OPTIONS,
+};
+use crate::seccomp::Filter;
+use crate::spec::Spec;
+
+#[derive(Serialize)]
+pub struct Plan {
+    pub hostname: String,
+    pub rootfs: String,
+    pub dev_template: String,
+    pub cwd: String,
+    pub env: Vec<String>,
+    pub uid: u32,
+    pub gid: u32,
+    pub max_open_files: u64,
+    pub masked_files: &'static [&'static str],
+    pub masked_dirs: &'static [&'static str],
+    pub readonly: &'static [&'static str],
+    pub shm_options: &'static str,
+    pub tmp_options: &'static str,
+    pub mask_options: &'static str,
+    pub secure_bits: u64,
+    pub last_cap: u32,
+    /// The seccomp program's bytes, hex.
+    pub seccomp: String,
+    /// The descriptors sent with the plan, in order: stdin, stdout, stderr, then the
+    /// cgroup v2 directory for CLONE_INTO_CGROUP if `clone_into`, `joins` v1
+    /// `cgroup.procs` files, and a network namespace if `netns`.
+    pub clone_into: bool,
+    pub joins: usize,
+    pub netns: bool,
+}
+
+/// The plan for `spec` in the cgroup `entry`, and the descriptors that go with it.
+/// User namespaces, `/work` and extra tmpfs paths are not offered on this path.
+pub fn plan(spec: &Spec, entry: &Entry, filter: &Filter) -> (Plan, Vec<RawFd>) {
+    let mut fds: Vec<RawFd> = spec.stdio.to_vec();
+    fds.extend(entry.clone_into.as_ref().map(|f| f.as_raw_fd()));
+    fds.extend(entry.join.iter().map(|f| f.as_raw_fd()));
+    fds.extend(spec.netns.as_ref().map(|f| f.as_raw_fd()));
+    let seccomp = filter
+        .to_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let plan = Plan {
+        hostname: spec.id.clone(),
+        rootfs: spec.rootfs.to_string_lossy().into_owned(),
+        dev_template: spec.dev_template.to_string_lossy().into_owned(),
+        cwd: spec.cwd.clone(),
+        env: spec.env.clone(),
+        uid: spec.uid,
+        gid: spec.gid,
+        max_open_files: spec.max_open_files,
+        masked_files: &MASKED_FILES,
+        masked_dirs: &MASKED_DIRS,
+        readonly: &READONLY,
+        shm_options: SHM_OPTIONS,
+        tmp_options: TMP_OPTIONS,
+        mask_options: MASK_OPTIONS,
+        secure_bits: SECBITS,
+        last_cap: crate::spawn::last_cap(),
+        seccomp,
+        clone_into: entry.clone_into.is_some(),
+        joins: entry.join.len(),
+        netns: spec.netns.is_some(),
+    };
+    (plan, fds)
+}
+
+/// A running template process (a zygote) that forks sandboxes from plans sent over a
+/// SEQPACKET control socket on its stdin: the plan as JSON, its descriptors by
+/// SCM_RIGHTS; it answers `{"pid": N}` with the new child's pidfd, or `{"error": ...}`.
+/// Children are clone3'd with CLONE_PARENT: they are the caller's, as with a
+/// [`crate::RemoteSpawner`].
+pub struct Template {
+    control: std::sync::Mutex<std::os::fd::OwnedFd>,
+    process: std::sync::Mutex<std::process::Child>,
+    filter: Filter,
+}
+
+impl Template {
+    /// Starts `argv` as a template and waits (up to 10 s) for its `ready`. It gets a
+    /// parent-death SIGKILL tied to the *calling thread*: call this from a thread that
+    /// lives as long as the template should.
+    pub fn start(argv: &[String]) -> anyhow::Result<Template> {
+        use anyhow::Context;
+        use std::os::unix::process::CommandExt;
+        let (ours, theirs) = crate::spawn::seqpacket_pair().context("socketpair")?;
+        let mut command = std::process::Command::new(&argv[0]);
+        command
+            .args(&argv[1..])
+            .env_clear()
+            .current_dir("/")
+            .stdin(std::process::Stdio::from(theirs));
+        // SAFETY: prctl is async-signal-safe.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let process = command
+            .spawn()
+            .with_context(|| format!("cannot start the template {}", argv[0]))?;
+        let mut pfd = libc::pollfd {
+            fd: ours.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on our own socket.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 10_000) } > 0;
+        let mut buf = [0u8; 16];
+        let n = if ready {
+            // SAFETY: reading into a local buffer from our own socket.
+            unsafe { libc::recv(ours.as_raw_fd(), buf.as_mut_ptr().cast(), 16, 0) }
+        } else {
+            -1
+        };
+        let template = Template {
+            control: std::sync::Mutex::new(ours),
+            process: std::sync::Mutex::new(process),
+            filter: Filter::docker_default(),
+        };
+        if n <= 0 || &buf[..n as usize] != b"ready" {
+            anyhow::bail!("the template {} did not start", argv[0]);
+        }
+        Ok(template)
+    }
+
+    /// Forks a sandbox for `spec` in the cgroup `entry`; `extra` goes into the plan for
+    /// the template's own use (what to run in the child).
+    pub fn fork(
+        &self,
+        spec: &Spec,
+        entry: &Entry,
+        extra: serde_json::Map<String, serde_json::Value>,
+    ) -> anyhow::Result<crate::Child> {
+        use anyhow::{bail, Context};
+        let (plan, fds) = plan(spec, entry, &self.filter);
+        let mut value = serde_json::to_value(plan)?;
+        value
+            .as_object_mut()
+            .expect("a plan is an object")
+            .extend(extra);
+        let message = serde_json::to_vec(&value)?;
+        let control = self.control.lock().unwrap();
+        crate::server::send_with_fds(control.as_raw_fd(), &message, &fds)
+            .context("the template is gone")?;
+        let mut buf = vec![0u8; 64 << 10];
+        let (n, mut received) = crate::server::recv_with_fds(control.as_raw_fd(), &mut buf)
+            .context("the template did not answer")?;
+        drop(control);
+        if n == 0 {
+            bail!("the template exited");
+        }
+        let reply: serde_json::Value = serde_json::from_slice(&buf[..n])?;
+        if let Some(error) = reply["error"].as_str() {
+            bail!("the template could not fork: {error}");
+        }
+        let pid = reply["pid"]
+            .as_i64()
+            .context("the template's reply has no pid")? as i32;
+        let pidfd = received
+            .pop()
+            .context("the template's reply has no pidfd")?;
+        Ok(crate::Child { pid, pidfd })
+    }
+
+    /// Whether the template process still runs.
+    pub fn is_alive(&self) -> bool {
+        matches!(self.process.lock().unwrap().try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Template {
+    fn drop(&mut self) {
+        let mut process = self.process.lock().unwrap();
+        let _ = process.kill();
+        let _ = process.wait();
+    }
+}
