@@ -53,9 +53,45 @@ struct State {
     /// Instances being started: for a caller that will use it, or for the queue.
     starting: usize,
     starting_for_queue: usize,
-    waiters: VecDeque<oneshot::Sender<Result<Arc<Instance>, String>>>,
+    waiters: VecDeque<oneshot::Sender<Result<Lease, String>>>,
     /// Replaced by a new deploy or removed: instances end as they become idle.
     retired: bool,
+}
+
+/// A call's hold on one unit of an instance's concurrency, given back when dropped:
+/// also when the HTTP client goes away and its handler's future is dropped mid-call, or
+/// when a lease handed to a queued request is never received.
+pub struct Lease {
+    fp: Arc<FnPool>,
+    engine: Arc<Engine>,
+    instance: Option<Arc<Instance>>,
+}
+
+impl Lease {
+    fn new(fp: &Arc<FnPool>, engine: &Arc<Engine>, instance: Arc<Instance>) -> Lease {
+        Lease {
+            fp: fp.clone(),
+            engine: engine.clone(),
+            instance: Some(instance),
+        }
+    }
+
+    fn instance(&self) -> &Arc<Instance> {
+        self.instance.as_ref().expect("an armed lease")
+    }
+
+    /// The instance, without giving the unit back (the caller does, under its lock).
+    fn disarm(mut self) -> Arc<Instance> {
+        self.instance.take().expect("an armed lease")
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(instance) = self.instance.take() {
+            self.fp.release(&self.engine, &instance);
+        }
+    }
 }
 
 /// An HTTP request for a function, as the engine passes it on.
@@ -247,13 +283,14 @@ impl Engine {
         record: &mut Record,
     ) -> Response {
         let waited = Instant::now();
-        let instance = match self.acquire(fp).await {
-            Ok(instance) => instance,
+        let lease = match self.acquire(fp).await {
+            Ok(lease) => lease,
             Err(refused) => {
                 record.error = Some(refused.1.clone());
                 return Response::error(refused.0, refused.1);
             }
         };
+        let instance = lease.instance();
         if let Some(init) = instance.take_cold_start() {
             record.cold_start = true;
             record.init_ms = init.as_secs_f64() * 1e3;
@@ -301,12 +338,12 @@ impl Engine {
                 Response::error(504, message)
             }
         };
-        fp.release(self, &instance);
+        drop(lease);
         response
     }
 
     /// A warm instance with room, a new one, or a place in the queue.
-    async fn acquire(self: &Arc<Self>, fp: &Arc<FnPool>) -> Result<Arc<Instance>, (u16, String)> {
+    async fn acquire(self: &Arc<Self>, fp: &Arc<FnPool>) -> Result<Lease, (u16, String)> {
         let queue_wait = Duration::from_millis(fp.function.timeout_ms);
         loop {
             let waiter = {
@@ -316,7 +353,7 @@ impl Engine {
                 }
                 if let Some(i) = fp.pick(&st) {
                     i.inflight.fetch_add(1, Ordering::Relaxed);
-                    return Ok(i);
+                    return Ok(Lease::new(fp, self, i));
                 }
                 if st.instances.len() + st.starting < fp.function.scale.max_instances as usize {
                     st.starting += 1;
@@ -338,13 +375,23 @@ impl Engine {
                 }
             };
             let Some(rx) = waiter else {
-                return match fp.start_instance(self, false).await {
-                    Ok(i) => Ok(i),
-                    Err(message) => Err((502, message)),
+                // The start runs on its own task: a caller that goes away mid-start
+                // must not strand the reservation (the lease it leaves behind is
+                // dropped, giving the new instance to the pool).
+                let (tx, rx) = oneshot::channel();
+                let (fp, engine) = (fp.clone(), self.clone());
+                tokio::spawn(async move {
+                    let started = fp.start_instance(&engine, false).await;
+                    let _ = tx.send(started.map(|i| Lease::new(&fp, &engine, i)));
+                });
+                return match rx.await {
+                    Ok(Ok(lease)) => Ok(lease),
+                    Ok(Err(message)) => Err((502, message)),
+                    Err(_) => Err((500, "the instance's start was abandoned".into())),
                 };
             };
             match tokio::time::timeout(queue_wait, rx).await {
-                Ok(Ok(Ok(i))) => return Ok(i),
+                Ok(Ok(Ok(lease))) => return Ok(lease),
                 Ok(Ok(Err(message))) => return Err((502, message)),
                 // The queue was dropped (a redeploy): look again.
                 Ok(Err(_)) => continue,
@@ -415,14 +462,17 @@ impl Engine {
             netns: netns.as_ref().and_then(|(_, fd)| fd.try_clone().ok()),
         };
         let engine = self.clone();
+        // The sandbox's slot and network namespace are held by the blocking task: they
+        // stay taken while it runs, even if this caller goes away.
         let ran = tokio::task::spawn_blocking(move || {
-            crate::invoke::run(&engine.spawner, &engine.cgroups, job)
+            let ran = crate::invoke::run(&engine.spawner, &engine.cgroups, job);
+            drop(permit);
+            if let Some((slot, _)) = netns {
+                let _ = engine.netns().map(|p| p.release(slot));
+            }
+            ran
         })
         .await;
-        drop(permit);
-        if let Some((slot, _)) = netns {
-            let _ = self.netns().map(|p| p.release(slot));
-        }
         let Ok(ran) = ran else {
             return Response::error(500, "the invocation's thread panicked");
         };
@@ -598,9 +648,9 @@ impl FnPool {
             let Some(i) = self.pick(st) else { break };
             let waiter = st.waiters.pop_front().expect("not empty");
             i.inflight.fetch_add(1, Ordering::Relaxed);
-            if waiter.send(Ok(i.clone())).is_err() {
+            if let Err(Ok(lease)) = waiter.send(Ok(Lease::new(self, engine, i))) {
                 // That request gave up waiting.
-                i.inflight.fetch_sub(1, Ordering::Relaxed);
+                lease.disarm().inflight.fetch_sub(1, Ordering::Relaxed);
             }
         }
         st.waiters.retain(|w| !w.is_closed());

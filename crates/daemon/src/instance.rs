@@ -432,8 +432,10 @@ impl Instance {
         self.dead.load(Ordering::SeqCst)
     }
 
-    /// Stops the instance; its reader notices and runs the exit path.
+    /// Stops the instance; its reader notices and runs the exit path. It counts as dead
+    /// from now on, so no call is given to it while it dies.
     pub fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
         let _ = self.child.kill(libc::SIGKILL);
     }
 

@@ -711,6 +711,12 @@ fn resume_async(e: &Arc<Engine>, mut record: Record, stored: StoredRequest) {
         let response = match e.function(&record.function) {
             Some(fp) => {
                 record.status = Status::Running;
+                if let Err(err) = e.invocations.put(&record, None) {
+                    eprintln!(
+                        "skiff: warning: cannot store invocation {}: {err}",
+                        record.id
+                    );
+                }
                 e.invoke(&fp, &request, &mut record).await
             }
             None => {
@@ -765,7 +771,7 @@ async fn callback(url: &str, record: &Record, response: &engine::Response) -> Re
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     let mut req = hyper::Request::post(uri.path_and_query().map_or("/", |p| p.as_str()))
-        .header("host", host)
+        .header("host", uri.authority().map_or(host, |a| a.to_string()))
         .header("x-call-id", &record.id)
         .header("x-function-name", &record.function)
         .header("x-function-status", response.status.to_string());

@@ -651,12 +651,22 @@ fn handler_contract(test: &str, name: &str, runtime: &str) {
     // A statusCode answer sets the status and the headers.
     let r = daemon.get(&format!("/fn/{name}/status"));
     assert_eq!(r.status, 201, "{}", r.text());
-    assert_eq!(
-        r.header("x-from-handler"),
-        Some(runtime.trim_end_matches('3'))
-    );
+    let from = if runtime == "python3" {
+        "python"
+    } else {
+        "node"
+    };
+    assert_eq!(r.header("x-from-handler"), Some(from), "{r:?}");
     assert_eq!(r.header("content-type"), Some("application/json"));
     assert_eq!(r.json(), json!({"created": true}));
+    // A handler that raises: 500, with its traceback or stack.
+    let r = daemon.get(&format!("/fn/{name}/raise"));
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(
+        r.error().contains(&format!("{name} raised on purpose")),
+        "{}",
+        r.text()
+    );
 
     // The first call's record, with the lines the handler printed.
     let record = daemon.invocation(&id);
@@ -721,6 +731,21 @@ fn handler_contract(test: &str, name: &str, runtime: &str) {
     // The log outlives the daemon.
     let logs = stdout(&daemon.cli(&data, &["logs", name]));
     assert!(logs.contains(&id), "{logs}");
+    // `skiff rm`: not listed, not invocable, its instance ended and its slot free.
+    let out = daemon.cli(&data, &["rm", name]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(daemon.get("/v1/functions").json(), json!([]));
+    assert_eq!(daemon.get(&format!("/fn/{name}")).status, 404);
+    assert_eq!(
+        daemon.get(&format!("/v1/functions/{name}/logs")).status,
+        404
+    );
+    wait_for(
+        "the removed function's instance to end",
+        Duration::from_secs(5),
+        || (daemon.instance_count() == 0).then_some(()),
+    );
+    assert_eq!(data.slots_in_use(), 0);
     daemon.stop();
     assert_nothing_left(&data);
 }
@@ -1050,8 +1075,8 @@ fn idle_instances_scale_to_zero_unless_min_instances_keeps_them() {
     assert_eq!(r.header("x-skiff-cold-start"), None, "{r:?}");
     // Killed from outside, it is replaced.
     let warm_pid = warm[0]["pid"].as_i64().unwrap() as i32;
-    // SAFETY: kill(2) on the instance's pid, which the daemon has not reaped (it is alive).
     assert!(pid_alive(warm_pid));
+    // SAFETY: plain kill(2) on the instance's pid, alive (the daemon has not reaped it).
     unsafe { libc::kill(warm_pid, libc::SIGKILL) };
     let replaced = wait_for("a new py-warm instance", Duration::from_secs(5), || {
         let now = daemon.instances_of("py-warm");
@@ -1157,6 +1182,23 @@ fn bad_deploys_and_bad_requests_get_json_errors() {
     let r = daemon.unix_request("POST", &by_path, &[], b"");
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(r.json()["name"], "py-other");
+    // A broken new version is refused and the deployed one keeps serving.
+    let broken = data.dir.join("py-other-broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(
+        broken.join("skiff.yaml"),
+        std::fs::read_to_string(fixture("py-other").join("skiff.yaml")).unwrap(),
+    )
+    .unwrap();
+    std::fs::copy(fixture("py-syntax").join("main.py"), broken.join("main.py")).unwrap();
+    let r = deploy_body(&tar_of(&broken), "application/x-tar");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.error().contains("SyntaxError"), "{}", r.text());
+    assert_eq!(
+        daemon.http("GET", "/fn/py-other", ""),
+        (200, "other is fine".to_owned())
+    );
+    assert_eq!(daemon.instances_of("py-other").len(), 1);
 
     // Bodies: 6 MiB is allowed, a byte more is 413.
     let limit = vec![b'x'; 6 << 20];
@@ -1378,10 +1420,8 @@ fn async_invocations_finish_in_the_background_and_call_back() {
     let daemon = Daemon::start(&data);
     deploy(&daemon, &data, "py-work");
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let callback = format!(
-        "http://127.0.0.1:{}/done?tag=1",
-        listener.local_addr().unwrap().port()
-    );
+    let authority = format!("127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let callback = format!("http://{authority}/done?tag=1");
     let (tx, rx) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || {
         let (mut conn, _) = listener.accept().unwrap();
@@ -1444,6 +1484,8 @@ fn async_invocations_finish_in_the_background_and_call_back() {
     };
     assert_eq!(request_line, "POST /done?tag=1 HTTP/1.1");
     assert_eq!(header("x-call-id"), Some(id.as_str()), "{headers:?}");
+    // Checked last (below), so that everything else is checked either way.
+    let callback_host = header("host").map(str::to_owned);
     assert_eq!(header("x-function-name"), Some("py-work"), "{headers:?}");
     assert_eq!(header("x-function-status"), Some("200"), "{headers:?}");
     assert_eq!(
@@ -1502,10 +1544,21 @@ fn async_invocations_finish_in_the_background_and_call_back() {
     assert_eq!(r.status, 404, "{}", r.text());
     daemon.stop();
     assert_nothing_left(&data);
-    // Last, so that everything above is checked either way: GET /v1/invocations/ID
-    // reports an async invocation whose handler is running as `running`.
-    assert_eq!(
-        while_running["status"], "running",
-        "the record of an async invocation in its handler: {while_running}"
-    );
+    // Last, so that everything above is checked either way. The record of an async
+    // invocation whose handler runs says `running`; the callback's Host is the URL's
+    // authority, port included (RFC 9112, 3.2: "identical to that authority component").
+    let mut wrong = Vec::new();
+    if while_running["status"] != "running" {
+        wrong.push(format!(
+            "GET /v1/invocations/ID while its handler runs: status {} (expected running): \
+             {while_running}",
+            while_running["status"]
+        ));
+    }
+    if callback_host.as_deref() != Some(authority.as_str()) {
+        wrong.push(format!(
+            "the callback's Host header is {callback_host:?}, expected {authority:?}"
+        ));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

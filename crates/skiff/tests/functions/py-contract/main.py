@@ -5,6 +5,8 @@ import sys
 def handle(event, context):
     print(f"py-contract saw {context.method} {context.path}")
     print("py-contract to stderr", file=sys.stderr)
+    if context.path == "/raise":
+        raise RuntimeError("py-contract raised on purpose")
     if context.path == "/status":
         return {
             "statusCode": 201,
