@@ -175,6 +175,11 @@ struct Daemon {
 
 impl Daemon {
     fn start(data: &Data) -> Daemon {
+        Daemon::start_with(data, &[])
+    }
+
+    /// With more `skiff serve` flags.
+    fn start_with(data: &Data, flags: &[&str]) -> Daemon {
         let socket = data.dir.join("skiff.sock");
         // A free port: bind to port 0, note it, let it go.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -188,6 +193,7 @@ impl Daemon {
             .arg("--socket")
             .arg(&socket)
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(flags)
             .spawn()
             .unwrap();
         let daemon = Daemon {
@@ -1561,4 +1567,100 @@ fn async_invocations_finish_in_the_background_and_call_back() {
         ));
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn a_request_abandoned_by_its_client_gives_its_instance_back() {
+    let data = Data::new("serve-abandon", 8);
+    let daemon = Daemon::start(&data);
+    // max_instances 1, a handler that sleeps 1 s.
+    deploy(&daemon, &data, "py-queue");
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
+    stream
+        .write_all(&request_bytes("GET", "/fn/py-queue", &[], b""))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(daemon.instances_of("py-queue")[0]["inflight"], 1);
+    // The client goes away mid-call: the handler's future is dropped.
+    drop(stream);
+    wait_for(
+        "the instance to be free again",
+        Duration::from_secs(5),
+        || (daemon.instances_of("py-queue")[0]["inflight"] == 0).then_some(()),
+    );
+    let began = Instant::now();
+    let r = daemon.get("/fn/py-queue");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        began.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        began.elapsed()
+    );
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+/// Escape attempts from inside python3 instances, on both cold paths: forked from the
+/// template (whose sandbox set-up is replayed by the bootstrap) and started plainly by
+/// the native spawner. Every attempt must fail, and the identity must be a sandbox's.
+#[test]
+fn escape_attempts_from_instances_fail_on_both_cold_paths() {
+    for path in ["template", "plain"] {
+        let data = Data::new(&format!("serve-escape-{path}"), 8);
+        let daemon = Daemon::start_with(&data, &["--cold-start", path]);
+        deploy(&daemon, &data, "py-other");
+        deploy(&daemon, &data, "py-escape");
+        // Forked or plain as asked: a template process (root; its forks run as 65534
+        // with the same command line) exists only on the template path.
+        let as_root = |pid: i32| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:\t0\t")))
+        };
+        let templates = data
+            .skiff_processes()
+            .iter()
+            .filter(|(pid, cmd)| cmd.contains("--template") && as_root(*pid))
+            .count();
+        assert_eq!(templates, usize::from(path == "template"), "{path}");
+        let victim = daemon.instances_of("py-other")[0]["pid"].as_i64().unwrap();
+        let data_dir = data.dir.to_str().unwrap();
+        let r = daemon.request(
+            "GET",
+            &format!("/fn/py-escape?pid={victim}"),
+            &[("x-data-dir", data_dir)],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        let v = r.json();
+        let report = format!("{path}: {v:#}");
+        assert_eq!(v["uid"], 65534, "{report}");
+        assert_eq!(v["pid"], 1, "{report}");
+        assert_eq!(v["processes"], json!([1]), "{report}");
+        assert_eq!(v["cap_eff"], "0000000000000000", "{report}");
+        assert_eq!(v["cap_bnd"], "0000000000000000", "{report}");
+        assert_eq!(v["no_new_privs"], "1", "{report}");
+        assert_eq!(v["seccomp"], "2", "{report}");
+        assert_eq!(v["kcore_bytes"], 0, "{report}");
+        assert_eq!(v["host_data_dir"], false, "{report}");
+        for attempt in [
+            "mount",
+            "unshare_mnt",
+            "unshare_user",
+            "setuid_root",
+            "chroot",
+            "write_root",
+            "write_code",
+            "mknod",
+            "sysrq",
+            "ptrace_target",
+            "kill_target",
+        ] {
+            let got = v[attempt].as_str().unwrap_or("missing");
+            assert!(got.starts_with("refused"), "{attempt}: {got}\n{report}");
+        }
+        // The victim is untouched.
+        assert_eq!(daemon.get("/fn/py-other/ok").status, 200, "{path}");
+        daemon.stop();
+        assert_nothing_left(&data);
+    }
 }

@@ -2,10 +2,25 @@
 # handler once, then serves invocations over the framed channel on fd 0 (frame: u32
 # meta length, u32 body length, JSON meta, body). As a template (argv: --template) it
 # waits on fd 0 for sandbox plans and forks an instance into each (see template()).
-import io, json, os, socket, struct, sys, threading, time, traceback
+# Only what every instance needs is imported up front (a plain cold start pays for each
+# module): socket, threading and traceback come when used.
+import io, json, os, struct, sys, time
 HEAD = struct.Struct(">II")
-send_lock = threading.Lock()
-current = threading.local()
+
+
+class Unshared:
+    """Per-invocation state and a no-op lock while invocations run one at a time."""
+
+    id = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+send_lock = current = Unshared()
 chan = reader = handle = None
 FUNCTION = ""
 
@@ -13,8 +28,8 @@ FUNCTION = ""
 def attach(fd):
     """The channel is fd; stdin becomes /dev/null."""
     global chan, reader
-    chan = socket.socket(fileno=fd)
-    reader = chan.makefile("rb")
+    chan = fd
+    reader = io.open(fd, "rb", buffering=1 << 16, closefd=False)
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -22,8 +37,10 @@ def attach(fd):
 
 def send(meta, body=b""):
     meta = json.dumps(meta, separators=(",", ":")).encode()
+    frame = memoryview(HEAD.pack(len(meta), len(body)) + meta + body)
     with send_lock:
-        chan.sendall(HEAD.pack(len(meta), len(body)) + meta + body)
+        while frame:
+            frame = frame[os.write(chan, frame):]
 
 
 class Capture(io.TextIOBase):
@@ -78,6 +95,8 @@ def event_of(body):
 
 def user_traceback():
     """The traceback from the first frame that is not the bootstrap's or importlib's."""
+    import traceback
+
     kind, error, tb = sys.exc_info()
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
@@ -135,8 +154,12 @@ def read_exact(n):
 
 def run(spec, concurrency):
     """Imports the handler `module.function`, then serves until the channel closes."""
-    global handle, FUNCTION
+    global handle, FUNCTION, send_lock, current
     FUNCTION = os.environ.get("SKIFF_FUNCTION", "")
+    if concurrency > 1:
+        import threading
+
+        send_lock, current = threading.Lock(), threading.local()
     sys.path[:0] = ["/code"]
     sys.path.append("/usr/lib/python3/dist-packages")
     module_name, _, attr = spec.rpartition(".")
@@ -167,7 +190,7 @@ def template():
     child builds its sandbox from the plan, as skiff's native spawner does, and becomes
     an instance, skipping the interpreter's start."""
     # Imported now: after pivot_root the child cannot find them at these paths.
-    import ctypes, importlib, resource
+    import ctypes, importlib, resource, socket, threading, traceback
 
     libc = ctypes.CDLL(None, use_errno=True)
     # clone3 through PyDLL: the GIL stays held, so the child's copy of it is consistent.

@@ -28,6 +28,14 @@ def status_field(name):
             return line.split()[1]
 
 
+def kcore_bytes():
+    """What /proc/kcore gives: nothing where it is masked (or the kernel has none)."""
+    try:
+        return len(open("/proc/kcore", "rb").read(16))
+    except FileNotFoundError:
+        return 0
+
+
 def handle(event, context):
     target = int(context.query.split("=")[1]) if context.query.startswith("pid=") else 1
     return {
@@ -46,7 +54,7 @@ def handle(event, context):
         "write_root": try_os(lambda: open("/escape", "w")),
         "write_code": try_os(lambda: open("/code/escape", "w")),
         "mknod": try_os(lambda: os.mknod("/tmp/sda", 0o600 | 0o060000, os.makedev(8, 0))),
-        "kcore_bytes": len(open("/proc/kcore", "rb").read(16)),  # masked: /dev/null
+        "kcore_bytes": kcore_bytes(),
         "sysrq": try_os(lambda: open("/proc/sysrq-trigger", "w").write("h")),
         "ptrace_target": attempt(libc.ptrace(16, target, None, None)),  # PTRACE_ATTACH
         "kill_target": try_os(lambda: os.kill(target, 0)),
