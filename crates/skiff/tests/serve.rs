@@ -1610,16 +1610,19 @@ fn escape_attempts_from_instances_fail_on_both_cold_paths() {
         let daemon = Daemon::start_with(&data, &["--cold-start", path]);
         deploy(&daemon, &data, "py-other");
         deploy(&daemon, &data, "py-escape");
-        // Forked or plain as asked: a template process (root; its forks run as 65534
-        // with the same command line) exists only on the template path.
-        let as_root = |pid: i32| {
-            std::fs::read_to_string(format!("/proc/{pid}/status"))
-                .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:\t0\t")))
+        // Forked or plain as asked: a template process exists only on the template
+        // path. Its forks share its command line: the instances (as 65534) and the
+        // spare it keeps ready (in a PID namespace of its own).
+        let host_pid_ns = std::fs::read_link("/proc/self/ns/pid").unwrap();
+        let template_proper = |pid: i32| {
+            std::fs::read_link(format!("/proc/{pid}/ns/pid")).is_ok_and(|ns| ns == host_pid_ns)
+                && std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:\t0\t")))
         };
         let templates = data
             .skiff_processes()
             .iter()
-            .filter(|(pid, cmd)| cmd.contains("--template") && as_root(*pid))
+            .filter(|(pid, cmd)| cmd.contains("--template") && template_proper(*pid))
             .count();
         assert_eq!(templates, usize::from(path == "template"), "{path}");
         let victim = daemon.instances_of("py-other")[0]["pid"].as_i64().unwrap();
