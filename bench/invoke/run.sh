@@ -120,7 +120,7 @@ for c in $CONC; do
       unix) url=http://skiff/fn/noop-python; extra=(--unix-socket "$sock") ;;
       bare) url=http://127.0.0.1:$bare_port/; extra=() ;;
     esac
-    r=$(oha_json -z ${SECS}s -c "$c" -m POST "${extra[@]}" "$url")
+    r=$(oha_json -z ${SECS}s -w -c "$c" -m POST "${extra[@]}" "$url")
     echo "{\"transport\":\"$t\",\"c\":$c,\"oha\":$r}" >>"$out/warm.jsonl"
     log "warm $t c=$c done"
   done

@@ -191,23 +191,22 @@ fn spawn_sandbox(engine: &Engine, f: &Function, id: &str) -> Result<Spawned> {
     }
 }
 
-/// A python3 instance forked from its runtime's template, when templates are on;
-/// `None` for the plain path.
+/// The node template's native half, built by build.rs (empty when it could not be).
+const NODE_TEMPLATE_ADDON: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/node_template.node"));
+
+/// A python3 or node instance forked from its runtime's template, when templates are
+/// on; `None` for the plain path.
 fn from_template(
     engine: &Engine,
     f: &Function,
     spec: &Spec,
     entry: &skiff_cgroups::Entry,
 ) -> Option<Result<Child>> {
-    if f.runtime != "python3" || !engine.use_templates {
+    if !engine.use_templates {
         return None;
     }
-    let interpreter = spec.rootfs.join("usr/bin/python3");
-    let attempt = || -> Result<Child> {
-        let template = engine.templates.get(
-            &interpreter,
-            &["-I", "-S", "-c", PYTHON_BOOTSTRAP, "--template"],
-        )?;
+    let attempt = |interpreter: &str, tail: &[&str]| -> Result<Child> {
+        let template = engine.templates.get(&spec.rootfs.join(interpreter), tail)?;
         let extra = serde_json::json!({
             "handler": f.handler,
             "concurrency": f.scale.concurrency,
@@ -217,7 +216,50 @@ fn from_template(
         };
         template.fork(spec, entry, extra)
     };
-    Some(attempt())
+    match f.runtime.as_str() {
+        "python3" => Some(attempt(
+            "usr/bin/python3",
+            &["-I", "-S", "-c", PYTHON_BOOTSTRAP, "--template"],
+        )),
+        "node" if !NODE_TEMPLATE_ADDON.is_empty() => {
+            let addon = match node_addon(engine) {
+                Ok(path) => path,
+                Err(e) => return Some(Err(e)),
+            };
+            // Forking node is sound only with no helper threads at work: V8's worker
+            // pool off, and its collector on the main thread.
+            Some(attempt(
+                "usr/bin/node",
+                &[
+                    "--v8-pool-size=0",
+                    "--single-threaded",
+                    "-e",
+                    NODE_BOOTSTRAP,
+                    "@template",
+                    &addon,
+                ],
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// The addon, written once under the data directory (node loads addons from files).
+fn node_addon(engine: &Engine) -> Result<String> {
+    let digest = NODE_TEMPLATE_ADDON
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let dir = engine.data.join("pool").join("templates");
+    let path = dir.join(format!("node-template-{digest:016x}.node"));
+    if !path.exists() {
+        std::fs::create_dir_all(&dir)?;
+        let tmp = dir.join(format!(".node-template-{}", std::process::id()));
+        std::fs::write(&tmp, NODE_TEMPLATE_ADDON)?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(path.to_string_lossy().into_owned())
 }
 
 impl Instance {

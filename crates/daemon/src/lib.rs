@@ -16,6 +16,7 @@ mod templates;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,8 @@ use registry::Function;
 /// Largest deploy (a tar of the function's directory) and invocation body.
 const MAX_DEPLOY: usize = 256 << 20;
 const MAX_BODY: usize = 6 << 20;
+/// Connections waiting to be accepted, per socket (the kernel caps it at somaxconn).
+const ACCEPT_BACKLOG: i32 = 4096;
 
 pub struct Config {
     pub data: PathBuf,
@@ -126,6 +129,12 @@ pub fn serve(config: Config, spawner: RemoteSpawner) -> Result<()> {
         let tcp = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
+        // A longer accept queue than the default 1024: a burst of a thousand clients
+        // connecting at once must wait in it, not have SYNs dropped (a 1 s retry).
+        for fd in [unix.as_raw_fd(), tcp.as_raw_fd()] {
+            // SAFETY: listen(2) again on our own listening socket only resizes its queue.
+            unsafe { libc::listen(fd, ACCEPT_BACKLOG) };
+        }
         eprintln!(
             "skiff: serving on {} and http://{} (data {})",
             config.socket.display(),

@@ -233,7 +233,8 @@ pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> std::io:
         iov_len: data.len(),
     };
     let space = unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) };
-    let mut control = vec![0u8; space as usize];
+    // u64s: a control buffer must be aligned for cmsghdr, which a byte vector is not.
+    let mut control = vec![0u64; (space as usize).div_ceil(8)];
     // SAFETY: msghdr and its control buffer are built per the cmsg(3) rules.
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
@@ -262,14 +263,15 @@ pub(crate) fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> std::io::Result<(usi
         iov_len: buf.len(),
     };
     let space = unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) };
-    let mut control = vec![0u8; space as usize];
+    // u64s: a control buffer must be aligned for cmsghdr, which a byte vector is not.
+    let mut control = vec![0u64; (space as usize).div_ceil(8)];
     // SAFETY: as in send_with_fds; received descriptors become OwnedFds once.
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = control.len() as _;
+        msg.msg_controllen = (control.len() * 8) as _;
         let n = loop {
             let n = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
             if n >= 0 {

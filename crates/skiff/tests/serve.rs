@@ -1611,7 +1611,7 @@ fn escape_attempts_from_instances_fail_on_both_cold_paths() {
         deploy(&daemon, &data, "py-other");
         deploy(&daemon, &data, "py-escape");
         // Forked or plain as asked: a template process exists only on the template
-        // path. Its forks share its command line: the instances (as 65534) and the
+        // path (python3's; node's starts with the first node function, below). Its forks share its command line: the instances (as 65534) and the
         // spare it keeps ready (in a PID namespace of its own).
         let host_pid_ns = std::fs::read_link("/proc/self/ns/pid").unwrap();
         let template_proper = |pid: i32| {
@@ -1657,6 +1657,40 @@ fn escape_attempts_from_instances_fail_on_both_cold_paths() {
             "sysrq",
             "ptrace_target",
             "kill_target",
+        ] {
+            let got = v[attempt].as_str().unwrap_or("missing");
+            assert!(got.starts_with("refused"), "{attempt}: {got}\n{report}");
+        }
+        // The same from node, with what node offers (forked from node's template on the
+        // template path).
+        deploy(&daemon, &data, "node-escape");
+        let r = daemon.request(
+            "GET",
+            &format!("/fn/node-escape?pid={victim}"),
+            &[("x-data-dir", data_dir)],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        let v = r.json();
+        let report = format!("{path} node: {v:#}");
+        assert_eq!(v["uid"], 65534, "{report}");
+        assert_eq!(v["processes"], json!([1]), "{report}");
+        assert_eq!(v["cap_eff"], "0000000000000000", "{report}");
+        assert_eq!(v["cap_bnd"], "0000000000000000", "{report}");
+        assert_eq!(v["no_new_privs"], "1", "{report}");
+        assert_eq!(v["seccomp"], "2", "{report}");
+        assert_eq!(v["host_data_dir"], false, "{report}");
+        assert_eq!(
+            v["bootstrap_names"],
+            json!(["undefined", "undefined", "undefined"]),
+            "{report}"
+        );
+        for attempt in [
+            "write_root",
+            "write_code",
+            "setuid_root",
+            "kill_target",
+            "sysrq",
         ] {
             let got = v[attempt].as_str().unwrap_or("missing");
             assert!(got.starts_with("refused"), "{attempt}: {got}\n{report}");
