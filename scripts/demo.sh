@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job as it stands: build skiff, start `skiff serve` on the embedded defaults
 # (data /var/lib/skiff, socket /run/skiff/skiff.sock, TCP 127.0.0.1:8080), deploy the
-# echo-binary example and invoke it over the socket and over TCP; then the sandbox tier
-# by hand: a command with limits, a detached sandbox listed and killed, gc.
+# examples (python3, node, binary) and invoke them over the socket and over TCP, an
+# async invocation and its record, logs, instances; then the sandbox tier by hand: a
+# command with limits, a detached sandbox listed and killed, gc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -16,12 +17,22 @@ trap 'kill $serve_pid 2>/dev/null; wait $serve_pid 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -S /run/skiff/skiff.sock ] && break; sleep 0.1; done
 
 set -x
+$skiff deploy examples/hello-python
+$skiff deploy examples/hello-node
 $skiff deploy examples/echo-binary
 $skiff ls
+$skiff invoke hello-python -d '{"name": "skiff"}'
+echo
+$skiff invoke hello-node -d '{"name": "skiff"}'
+echo
 $skiff invoke echo-binary -d 'hello from a skiff sandbox'
 echo
-curl -s --data 'hello over TCP' http://127.0.0.1:8080/fn/echo-binary
+curl -s -i --data '{"name": "TCP"}' http://127.0.0.1:8080/fn/hello-python
 echo
+id=$($skiff invoke hello-python --async -d '{"name": "later"}')
+sleep 0.5
+$skiff invocation "$id"
+$skiff ps
 
 rootfs=target/demo-rootfs
 mkdir -p "$rootfs"/{bin,proc,dev,tmp}
