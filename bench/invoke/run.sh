@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/invoke: skiff serve end to end, side by side with its peers, in one run.
-#   cold:  HTTP request in to response out with no idle instance, per runtime: python3
-#          through the template (zygote) and plainly, node, binary; peers: the bare
-#          interpreter process, and runc starting it in a container on the same root
+#   cold:  HTTP request in to response out with no idle instance, per runtime: python3 and
+#          node through their templates (zygotes) and plainly, binary; peers: the bare
+#          interpreter processes, and runc starting python in a container on the same root
 #   warm:  a trivial python function under oha at 1..256 connections, over TCP and the
 #          Unix socket; peer: the same handler behind a bare asyncio HTTP server
 #   study: the Docker concurrency study on our API: 200 sequential requests, then 1..1000
@@ -80,12 +80,14 @@ for f in bench/invoke/functions/noop-python bench/invoke/functions/noop-node exa
   deploy "$f"
 done
 $PY bench/invoke/cold.py $port noop-python "python3 template" "$N_COLD" >>"$out/cold.jsonl"
+$PY bench/invoke/cold.py $port noop-node "node template" "$N_COLD" >>"$out/cold.jsonl"
 stop_daemon; start_daemon plain
 $PY bench/invoke/cold.py $port noop-python "python3 plain" "$N_COLD" >>"$out/cold.jsonl"
 $PY bench/invoke/cold.py $port noop-node "node plain" "$N_COLD" >>"$out/cold.jsonl"
 $PY bench/invoke/cold.py $port echo-binary "binary" "$N_COLD" >>"$out/cold.jsonl"
 # The peers run the interpreter of noop-python's own environment.
-env_root=$data/envs/$(curl -sf "http://127.0.0.1:$port/v1/functions/noop-python" | $PY -c 'import json,sys; print(json.load(sys.stdin)["env"])')/root
+env_of() { echo "$data/envs/$(curl -sf "http://127.0.0.1:$port/v1/functions/$1" | $PY -c 'import json,sys; print(json.load(sys.stdin)["env"])')/root"; }
+env_root=$(env_of noop-python)
 bundle=$data/bundle
 mkdir -p "$bundle"
 (cd "$bundle" && "$RUNC" spec)
@@ -97,12 +99,12 @@ c["root"] = {"path": root, "readonly": True}
 c["process"]["terminal"] = False
 c["process"]["cwd"] = "/code"
 c["process"]["args"] = ["/usr/bin/python3.11", "-I", "-S", "-c",
-                        "import io, json, os, socket, struct, sys, threading, time, traceback"]
+                        "import io, json, os, struct, sys, time"]
 # runc puts the container below our own cgroup in every hierarchy.
 c["linux"]["cgroupsPath"] = "skiff-bench-runc/cold"
 json.dump(c, open(path, "w"), indent=1)
 PY
-$PY bench/invoke/peer_cold.py "$N_COLD" "$env_root" "$bundle" "$RUNC" >>"$out/cold.jsonl"
+$PY bench/invoke/peer_cold.py "$N_COLD" "$env_root" "$bundle" "$RUNC" "$(env_of noop-node)" >>"$out/cold.jsonl"
 stop_daemon
 
 log "warm invocations (oha, ${SECS}s per point)"

@@ -50,6 +50,42 @@ function encode(result) {
   return [200, { "content-type": "application/json" }, Buffer.from(JSON.stringify(result))];
 }
 
+// Calls `onFrame(meta, body)` for each whole frame in `buffered`; returns the rest.
+function takeFrames(buffered, onFrame) {
+  while (buffered.length >= 8) {
+    const metaLen = buffered.readUInt32BE(0);
+    const bodyLen = buffered.readUInt32BE(4);
+    if (buffered.length < 8 + metaLen + bodyLen) break;
+    const meta = JSON.parse(buffered.subarray(8, 8 + metaLen).toString());
+    onFrame(meta, buffered.subarray(8 + metaLen, 8 + metaLen + bodyLen));
+    buffered = buffered.subarray(8 + metaLen + bodyLen);
+  }
+  return buffered;
+}
+
+// One invocation of `handler`; the answer goes to `send(meta, body)`.
+async function serve(handler, send, meta, body) {
+  const context = {
+    requestId: meta.request_id,
+    functionName: process.env.SKIFF_FUNCTION || FUNCTION,
+    method: meta.method,
+    path: meta.path,
+    query: meta.query,
+    headers: meta.headers,
+    deadline: Date.now() + meta.timeout_ms,
+    remainingMs() {
+      return Math.max(0, this.deadline - Date.now());
+    },
+  };
+  try {
+    const result = await invocation.run(meta.id, () => handler(eventOf(body), context));
+    const [status, headers, out] = encode(result);
+    send({ t: "result", id: meta.id, status, headers }, out);
+  } catch (e) {
+    send({ t: "error", id: meta.id }, String((e && e.stack) || e));
+  }
+}
+
 // Serves invocations of handler `spec` (module.export) on the channel `fd`.
 function serveInstance(fd, spec) {
   const net = require("net");
@@ -74,40 +110,12 @@ function serveInstance(fd, spec) {
     chan.end(() => exit(1));
     return;
   }
-  async function serve(meta, body) {
-    const context = {
-      requestId: meta.request_id,
-      functionName: process.env.SKIFF_FUNCTION || FUNCTION,
-      method: meta.method,
-      path: meta.path,
-      query: meta.query,
-      headers: meta.headers,
-      deadline: Date.now() + meta.timeout_ms,
-      remainingMs() {
-        return Math.max(0, this.deadline - Date.now());
-      },
-    };
-    try {
-      const result = await invocation.run(meta.id, () => handler(eventOf(body), context));
-      const [status, headers, out] = encode(result);
-      send({ t: "result", id: meta.id, status, headers }, out);
-    } catch (e) {
-      send({ t: "error", id: meta.id }, String((e && e.stack) || e));
-    }
-  }
   // Invocations overlap up to the function's concurrency: the engine never sends more.
   let buffered = Buffer.alloc(0);
   chan.on("data", (chunk) => {
-    buffered = buffered.length ? Buffer.concat([buffered, chunk]) : chunk;
-    while (buffered.length >= 8) {
-      const metaLen = buffered.readUInt32BE(0);
-      const bodyLen = buffered.readUInt32BE(4);
-      if (buffered.length < 8 + metaLen + bodyLen) break;
-      const meta = JSON.parse(buffered.subarray(8, 8 + metaLen).toString());
-      const body = buffered.subarray(8 + metaLen, 8 + metaLen + bodyLen);
-      buffered = buffered.subarray(8 + metaLen + bodyLen);
-      serve(meta, body);
-    }
+    buffered = takeFrames(buffered.length ? Buffer.concat([buffered, chunk]) : chunk, (meta, body) =>
+      serve(handler, send, meta, body),
+    );
   });
   chan.on("end", () => exit(0));
   chan.on("error", () => exit(0));
@@ -129,7 +137,13 @@ function template(addon) {
   warm.destroy();
   void process.stdout;
   void process.stderr;
-  JSON.parse(JSON.stringify({ warm: [1, "x", null] }));
+  // The per-invocation path, run once here so a fork starts with it compiled (its
+  // asynchronous half never runs: the template does not return to its event loop).
+  const meta = { id: 0, request_id: "", method: "GET", path: "/", query: "", headers: {}, timeout_ms: 1 };
+  takeFrames(frame(meta, Buffer.from('{"warm": [1, "x", null]}')), (m, body) =>
+    serve(() => "ok", () => {}, m, body),
+  );
+  for (const result of [null, "ok", Buffer.alloc(1), { statusCode: 200, body: "ok" }, { a: 1 }]) encode(result);
   const mod = { exports: {} };
   process.dlopen(mod, addon);
   native = mod.exports;
