@@ -71,7 +71,6 @@ if study:
     say("| socket | clients | requests | errors | mean | coefficient of variation | p50 | p99 |")
     say("|---|---|---|---|---|---|---|---|")
     for s in study:
-        o = s["oha"]
         d = [r[0] * 1e3 for r in sqlite3.connect(s["db"]).execute("select duration from oha where status = 200")]
         errors = s["n"] - len(d)
         mean = statistics.mean(d) if d else float("nan")

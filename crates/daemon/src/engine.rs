@@ -660,13 +660,19 @@ impl FnPool {
             && st.waiters.len() > st.starting_for_queue * per_instance
             && st.instances.len() + st.starting < max
         {
-            st.starting += 1;
-            st.starting_for_queue += 1;
-            let (fp, engine) = (self.clone(), engine.clone());
-            tokio::spawn(async move {
-                let _ = fp.start_instance(&engine, true).await;
-            });
+            self.start_in_background(engine, st);
         }
+    }
+
+    /// Starts an instance on a task of its own; it joins the pool (and the queue's
+    /// front, if anyone waits) when ready.
+    fn start_in_background(self: &Arc<Self>, engine: &Arc<Engine>, st: &mut State) {
+        st.starting += 1;
+        st.starting_for_queue += 1;
+        let (fp, engine) = (self.clone(), engine.clone());
+        tokio::spawn(async move {
+            let _ = fp.start_instance(&engine, true).await;
+        });
     }
 
     /// An instance is gone (crashed, timed out, expired): forget it, and serve the queue.
@@ -712,12 +718,7 @@ impl FnPool {
         let mut st = self.state.lock().unwrap();
         let min = self.function.scale.min_instances as usize;
         while !st.retired && st.instances.len() + st.starting < min {
-            st.starting += 1;
-            st.starting_for_queue += 1;
-            let (fp, engine) = (self.clone(), engine.clone());
-            tokio::spawn(async move {
-                let _ = fp.start_instance(&engine, true).await;
-            });
+            self.start_in_background(engine, &mut st);
         }
     }
 

@@ -60,16 +60,7 @@ pub fn invoke(
 
 /// `skiff invocation ID`: an invocation's record (status, timings, logs, result).
 pub fn invocation(target: &Target, id: &str) -> Result<()> {
-    let (status, body) = request(
-        target,
-        "GET",
-        &format!("/v1/invocations/{id}"),
-        &[],
-        Vec::new(),
-    )?;
-    let record: serde_json::Value = serde_json::from_slice(&ok(status, body)?)?;
-    println!("{}", serde_json::to_string_pretty(&record)?);
-    Ok(())
+    show(target, &format!("/v1/invocations/{id}"))
 }
 
 /// `skiff logs NAME`: the function's log lines; with `follow`, new ones as they come.
@@ -149,15 +140,14 @@ pub fn ls(target: &Target) -> Result<()> {
 }
 
 pub fn describe(target: &Target, name: &str) -> Result<()> {
-    let (status, body) = request(
-        target,
-        "GET",
-        &format!("/v1/functions/{name}"),
-        &[],
-        Vec::new(),
-    )?;
-    let f: serde_json::Value = serde_json::from_slice(&ok(status, body)?)?;
-    println!("{}", serde_json::to_string_pretty(&f)?);
+    show(target, &format!("/v1/functions/{name}"))
+}
+
+/// Prints the JSON the daemon answers `GET path` with, indented.
+fn show(target: &Target, path: &str) -> Result<()> {
+    let (status, body) = request(target, "GET", path, &[], Vec::new())?;
+    let value: serde_json::Value = serde_json::from_slice(&ok(status, body)?)?;
+    println!("{}", serde_json::to_string_pretty(&value)?);
     Ok(())
 }
 

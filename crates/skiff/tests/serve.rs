@@ -1600,7 +1600,37 @@ fn a_request_abandoned_by_its_client_gives_its_instance_back() {
     assert_nothing_left(&data);
 }
 
-/// Escape attempts from inside python3 instances, on both cold paths: forked from the
+/// Invokes an escape fixture against `victim` (another instance's host pid) and checks
+/// the identity every sandbox must have; returns its report.
+fn escape_report(daemon: &Daemon, data: &Data, function: &str, victim: i64) -> Value {
+    let r = daemon.request(
+        "GET",
+        &format!("/fn/{function}?pid={victim}"),
+        &[("x-data-dir", data.dir.to_str().unwrap())],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{function}: {}", r.text());
+    let v = r.json();
+    let report = format!("{function}: {v:#}");
+    assert_eq!(v["uid"], 65534, "{report}");
+    assert_eq!(v["processes"], json!([1]), "{report}");
+    assert_eq!(v["cap_eff"], "0000000000000000", "{report}");
+    assert_eq!(v["cap_bnd"], "0000000000000000", "{report}");
+    assert_eq!(v["no_new_privs"], "1", "{report}");
+    assert_eq!(v["seccomp"], "2", "{report}");
+    assert_eq!(v["host_data_dir"], false, "{report}");
+    v
+}
+
+/// Every one of `attempts` in an escape report was refused.
+fn assert_refused(report: &Value, attempts: &[&str]) {
+    for attempt in attempts {
+        let got = report[attempt].as_str().unwrap_or("missing");
+        assert!(got.starts_with("refused"), "{attempt}: {got}\n{report:#}");
+    }
+}
+
+/// Escape attempts from inside python3 and node instances, on both cold paths: forked from the
 /// template (whose sandbox set-up is replayed by the bootstrap) and started plainly by
 /// the native spawner. Every attempt must fail, and the identity must be a sandbox's.
 #[test]
@@ -1626,75 +1656,44 @@ fn escape_attempts_from_instances_fail_on_both_cold_paths() {
             .count();
         assert_eq!(templates, usize::from(path == "template"), "{path}");
         let victim = daemon.instances_of("py-other")[0]["pid"].as_i64().unwrap();
-        let data_dir = data.dir.to_str().unwrap();
-        let r = daemon.request(
-            "GET",
-            &format!("/fn/py-escape?pid={victim}"),
-            &[("x-data-dir", data_dir)],
-            b"",
+        let py = escape_report(&daemon, &data, "py-escape", victim);
+        assert_eq!(py["pid"], 1, "{path}: {py:#}");
+        assert_eq!(py["kcore_bytes"], 0, "{path}: {py:#}");
+        assert_refused(
+            &py,
+            &[
+                "mount",
+                "unshare_mnt",
+                "unshare_user",
+                "setuid_root",
+                "chroot",
+                "write_root",
+                "write_code",
+                "mknod",
+                "sysrq",
+                "ptrace_target",
+                "kill_target",
+            ],
         );
-        assert_eq!(r.status, 200, "{path}: {}", r.text());
-        let v = r.json();
-        let report = format!("{path}: {v:#}");
-        assert_eq!(v["uid"], 65534, "{report}");
-        assert_eq!(v["pid"], 1, "{report}");
-        assert_eq!(v["processes"], json!([1]), "{report}");
-        assert_eq!(v["cap_eff"], "0000000000000000", "{report}");
-        assert_eq!(v["cap_bnd"], "0000000000000000", "{report}");
-        assert_eq!(v["no_new_privs"], "1", "{report}");
-        assert_eq!(v["seccomp"], "2", "{report}");
-        assert_eq!(v["kcore_bytes"], 0, "{report}");
-        assert_eq!(v["host_data_dir"], false, "{report}");
-        for attempt in [
-            "mount",
-            "unshare_mnt",
-            "unshare_user",
-            "setuid_root",
-            "chroot",
-            "write_root",
-            "write_code",
-            "mknod",
-            "sysrq",
-            "ptrace_target",
-            "kill_target",
-        ] {
-            let got = v[attempt].as_str().unwrap_or("missing");
-            assert!(got.starts_with("refused"), "{attempt}: {got}\n{report}");
-        }
         // The same from node, with what node offers (forked from node's template on the
         // template path).
         deploy(&daemon, &data, "node-escape");
-        let r = daemon.request(
-            "GET",
-            &format!("/fn/node-escape?pid={victim}"),
-            &[("x-data-dir", data_dir)],
-            b"",
-        );
-        assert_eq!(r.status, 200, "{path}: {}", r.text());
-        let v = r.json();
-        let report = format!("{path} node: {v:#}");
-        assert_eq!(v["uid"], 65534, "{report}");
-        assert_eq!(v["processes"], json!([1]), "{report}");
-        assert_eq!(v["cap_eff"], "0000000000000000", "{report}");
-        assert_eq!(v["cap_bnd"], "0000000000000000", "{report}");
-        assert_eq!(v["no_new_privs"], "1", "{report}");
-        assert_eq!(v["seccomp"], "2", "{report}");
-        assert_eq!(v["host_data_dir"], false, "{report}");
+        let node = escape_report(&daemon, &data, "node-escape", victim);
         assert_eq!(
-            v["bootstrap_names"],
+            node["bootstrap_names"],
             json!(["undefined", "undefined", "undefined"]),
-            "{report}"
+            "{path}: {node:#}"
         );
-        for attempt in [
-            "write_root",
-            "write_code",
-            "setuid_root",
-            "kill_target",
-            "sysrq",
-        ] {
-            let got = v[attempt].as_str().unwrap_or("missing");
-            assert!(got.starts_with("refused"), "{attempt}: {got}\n{report}");
-        }
+        assert_refused(
+            &node,
+            &[
+                "write_root",
+                "write_code",
+                "setuid_root",
+                "kill_target",
+                "sysrq",
+            ],
+        );
         // The victim is untouched.
         assert_eq!(daemon.get("/fn/py-other/ok").status, 200, "{path}");
         daemon.stop();
