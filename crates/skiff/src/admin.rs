@@ -157,7 +157,13 @@ pub fn gc(data: &Path, pools: bool) -> Result<()> {
         }
     }
     let live: Vec<&Record> = records.iter().filter(|r| r.is_alive()).collect();
-    let owned = |owner: &str| live.iter().any(|r| r.id == owner);
+    // A running `skiff serve` holds this lock and owns the `serve-` claims; holding it
+    // here keeps one from starting while gc decides which claims are leftovers.
+    let serve_lock = skiff_pool::try_lock_file(&data.join("serve.lock"))?;
+    let daemon_running = serve_lock.is_none();
+    let owned = |owner: &str| {
+        live.iter().any(|r| r.id == owner) || (daemon_running && owner.starts_with("serve-"))
+    };
 
     let cgroups = CgroupPool::open(data)?;
     let mut claimed = Vec::new();
@@ -195,6 +201,9 @@ pub fn gc(data: &Path, pools: bool) -> Result<()> {
         removed.push(line);
     }
     if pools {
+        if daemon_running {
+            bail!("cannot remove the pools: a skiff serve is using this data directory");
+        }
         if let Some(r) = live.first() {
             bail!(
                 "cannot remove the pools: sandbox {} is running (skiff kill it first)",

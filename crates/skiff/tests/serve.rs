@@ -1700,3 +1700,29 @@ fn escape_attempts_from_instances_fail_on_both_cold_paths() {
         assert_nothing_left(&data);
     }
 }
+
+/// `skiff gc` beside a running daemon: the daemon's claims are not leftovers, however
+/// old; `gc --pools` refuses.
+#[test]
+fn gc_leaves_a_running_daemons_instances_alone() {
+    let data = Data::new("serve-gc", 8);
+    let daemon = Daemon::start(&data);
+    deploy(&daemon, &data, "py-other");
+    let pid = daemon.instances_of("py-other")[0]["pid"].as_i64().unwrap() as i32;
+    // Past gc's grace period for young claims.
+    std::thread::sleep(Duration::from_secs(11));
+    let out = data.skiff(&["gc"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        pid_alive(pid),
+        "gc killed the daemon's instance: {}",
+        stdout(&out)
+    );
+    assert_eq!(daemon.get("/fn/py-other").status, 200);
+    assert_eq!(daemon.instances_of("py-other")[0]["pid"], pid);
+    let out = data.skiff(&["gc", "--pools"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stdout(&out));
+    assert!(stderr(&out).contains("skiff serve"), "{}", stderr(&out));
+    daemon.stop();
+    assert_nothing_left(&data);
+}
