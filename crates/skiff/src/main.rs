@@ -41,7 +41,7 @@ struct Cli {
 enum Command {
     /// Run a command in a new sandbox, like `docker run`.
     Run(run::RunArgs),
-    /// List sandboxes.
+    /// List sandboxes, and the instances of a daemon serving the same data directory.
     Ps {
         /// Print JSON instead of a table.
         #[arg(long)]
