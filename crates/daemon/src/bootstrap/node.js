@@ -292,6 +292,14 @@ function template(addon) {
     return { pid, pidfd, ours };
   }
 
+  // A channel's first write (node's stream write path), on a socketpair of its own.
+  const warmPair = Buffer.alloc(8);
+  check(S(NR.socketpair, 1, 1 | 0x80000, 0, warmPair), "socketpair"); // STREAM|CLOEXEC
+  const warmChannel = new net.Socket({ fd: warmPair.readInt32LE(0), readable: false, writable: true });
+  warmChannel.write(frame({ t: "ready" }));
+  warmChannel.destroy();
+  S(NR.close, warmPair.readInt32LE(4));
+
   let waiting = spare();
   if (waiting === null) return;
   native.sendFds(control, Buffer.from("ready"), []);
