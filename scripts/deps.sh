@@ -11,6 +11,9 @@ command -v file >/dev/null || need+=(file)
 command -v umoci >/dev/null || need+=(umoci)
 command -v curl >/dev/null || need+=(curl)
 command -v make >/dev/null || need+=(make)
+# The runtimes functions use; node's headers come with it (the node template's addon).
+[ -x /usr/bin/python3.11 ] || need+=(python3)
+command -v node >/dev/null || need+=(nodejs npm)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
