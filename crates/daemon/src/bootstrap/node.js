@@ -137,12 +137,7 @@ function template(addon) {
   warm.destroy();
   void process.stdout;
   void process.stderr;
-  // The per-invocation path, run once here so a fork starts with it compiled (its
-  // asynchronous half never runs: the template does not return to its event loop).
   const meta = { id: 0, request_id: "", method: "GET", path: "/", query: "", headers: {}, timeout_ms: 1 };
-  takeFrames(frame(meta, Buffer.from('{"warm": [1, "x", null]}')), (m, body) =>
-    serve(() => "ok", () => {}, m, body),
-  );
   for (const result of [null, "ok", Buffer.alloc(1), { statusCode: 200, body: "ok" }, { a: 1 }]) encode(result);
   const mod = { exports: {} };
   process.dlopen(mod, addon);
@@ -292,47 +287,68 @@ function template(addon) {
     return { pid, pidfd, ours };
   }
 
-  // A channel's first write (node's stream write path), on a socketpair of its own.
+  // One whole invocation through the event loop before the first fork: a frame in on a
+  // socketpair, the data event, serve's asynchronous half, the reply out. Forks then
+  // start with all of it compiled. Both sockets are closed, and the loop idle, before
+  // forking begins (a fork renews the loop with whatever handles it has).
   const warmPair = Buffer.alloc(8);
   check(S(NR.socketpair, 1, 1 | 0x80000, 0, warmPair), "socketpair"); // STREAM|CLOEXEC
-  const warmChannel = new net.Socket({ fd: warmPair.readInt32LE(0), readable: false, writable: true });
-  warmChannel.write(frame({ t: "ready" }));
-  warmChannel.destroy();
-  S(NR.close, warmPair.readInt32LE(4));
-
-  let waiting = spare();
-  if (waiting === null) return;
-  native.sendFds(control, Buffer.from("ready"), []);
-  const pollfd = Buffer.alloc(8);
-  pollfd.writeInt32LE(control, 0);
-  pollfd.writeInt16LE(1, 4); // POLLIN
-  for (;;) {
-    const [message, fds] = native.recvFds(control);
-    if (message === null) native.exit(0);
-    try {
-      const child = waiting || spare();
-      if (child === null) return;
-      waiting = null;
-      try {
-        check(native.sendFds(child.ours, message, fds), "hand the plan over");
-        native.sendFds(control, Buffer.from(JSON.stringify({ pid: child.pid })), [child.pidfd]);
-      } finally {
-        S(NR.close, child.pidfd);
-        S(NR.close, child.ours);
-      }
-    } catch (e) {
-      native.sendFds(control, Buffer.from(JSON.stringify({ error: e.message })), []);
-    } finally {
-      for (const fd of fds) S(NR.close, fd);
+  const inner = new net.Socket({ fd: warmPair.readInt32LE(0), readable: true, writable: true });
+  const outer = new net.Socket({ fd: warmPair.readInt32LE(4), readable: true, writable: true });
+  let pending = Buffer.alloc(0);
+  inner.on("data", (chunk) => {
+    pending = takeFrames(pending.length ? Buffer.concat([pending, chunk]) : chunk, (m, body) =>
+      serve(() => ({ warm: true }), (rm, rb) => inner.write(frame(rm, rb)), m, body),
+    );
+  });
+  outer.once("data", () => {
+    let closed = 0;
+    const afterClose = () => {
+      if (++closed === 2) setImmediate(forkLoop);
+    };
+    for (const socket of [inner, outer]) {
+      socket.once("close", afterClose);
+      socket.destroy();
     }
-    // The next one once the start has had the CPU for a while: off its path.
-    pollfd.writeInt16LE(0, 6);
-    if (S(NR.poll, pollfd, 1, 5) === 0) {
+  });
+  outer.write(frame(meta, Buffer.from('{"warm": [1, "x", null]}')));
+
+  // The template's loop: answers plans with spare children; returns only in a child.
+  function forkLoop() {
+    let waiting = spare();
+    if (waiting === null) return;
+    native.sendFds(control, Buffer.from("ready"), []);
+    const pollfd = Buffer.alloc(8);
+    pollfd.writeInt32LE(control, 0);
+    pollfd.writeInt16LE(1, 4); // POLLIN
+    for (;;) {
+      const [message, fds] = native.recvFds(control);
+      if (message === null) native.exit(0);
       try {
-        waiting = spare();
-        if (waiting === null) return;
-      } catch {
+        const child = waiting || spare();
+        if (child === null) return;
         waiting = null;
+        try {
+          check(native.sendFds(child.ours, message, fds), "hand the plan over");
+          native.sendFds(control, Buffer.from(JSON.stringify({ pid: child.pid })), [child.pidfd]);
+        } finally {
+          S(NR.close, child.pidfd);
+          S(NR.close, child.ours);
+        }
+      } catch (e) {
+        native.sendFds(control, Buffer.from(JSON.stringify({ error: e.message })), []);
+      } finally {
+        for (const fd of fds) S(NR.close, fd);
+      }
+      // The next one once the start has had the CPU for a while: off its path.
+      pollfd.writeInt16LE(0, 6);
+      if (S(NR.poll, pollfd, 1, 5) === 0) {
+        try {
+          waiting = spare();
+          if (waiting === null) return;
+        } catch {
+          waiting = null;
+        }
       }
     }
   }
