@@ -20,7 +20,8 @@ use crate::instance::{Call, Instance, Reply, StartError};
 use crate::invocations::{Invocations, Record, Status};
 use crate::logs::Logs;
 use crate::metrics::Metrics;
-use crate::registry::{Function, Network, Registry};
+use crate::registry::{Function, Network, Registry, Runtime};
+use skiff_pool::SERVE_OWNER_PREFIX;
 
 pub struct Engine {
     pub data: PathBuf,
@@ -108,14 +109,19 @@ pub struct Response {
     pub status: u16,
     pub headers: BTreeMap<String, String>,
     pub body: Vec<u8>,
+    /// An error answer's message, which the invocation's record keeps.
+    pub error: Option<String>,
 }
 
 impl Response {
+    /// A JSON `{"error": message}` answer.
     fn error(status: u16, message: impl Into<String>) -> Response {
+        let message = message.into();
         Response {
             status,
             headers: BTreeMap::from([("content-type".into(), "application/json".into())]),
-            body: serde_json::to_vec(&json!({ "error": message.into() })).unwrap(),
+            body: serde_json::to_vec(&json!({ "error": message })).unwrap(),
+            error: Some(message),
         }
     }
 }
@@ -166,14 +172,14 @@ impl Engine {
     /// claim is a leftover.
     fn reclaim_previous_daemon(&self) -> Result<()> {
         for claim in self.cgroups.claims()? {
-            if claim.owner.starts_with("serve-") {
+            if claim.owner.starts_with(SERVE_OWNER_PREFIX) {
                 self.cgroups.empty(claim.slot)?;
                 self.cgroups.unclaim(claim.slot)?;
             }
         }
         if self.data.join("pool").join("netns").exists() {
             for claim in self.netns()?.claims()? {
-                if claim.owner.starts_with("serve-") {
+                if claim.owner.starts_with(SERVE_OWNER_PREFIX) {
                     self.netns()?.release(claim.slot)?;
                 }
             }
@@ -254,7 +260,7 @@ impl Engine {
     ) -> Response {
         let began = Instant::now();
         self.metrics.inflight.fetch_add(1, Ordering::Relaxed);
-        let response = if fp.function.runtime == "binary" {
+        let response = if fp.function.runtime == Runtime::Binary {
             self.invoke_binary(fp, request, record).await
         } else {
             self.invoke_instance(fp, request, record).await
@@ -263,6 +269,7 @@ impl Engine {
         record.duration_ms = began.elapsed().as_secs_f64() * 1e3;
         record.end = Some(crate::invocations::now_rfc3339());
         record.http_status = Some(response.status);
+        record.error = response.error.clone();
         record.status = if response.status < 500 {
             Status::Succeeded
         } else {
@@ -285,9 +292,8 @@ impl Engine {
         let waited = Instant::now();
         let lease = match self.acquire(fp).await {
             Ok(lease) => lease,
-            Err(refused) => {
-                record.error = Some(refused.1.clone());
-                return Response::error(refused.0, refused.1);
+            Err((status, message)) => {
+                return Response::error(status, message);
             }
         };
         let instance = lease.instance();
@@ -320,21 +326,23 @@ impl Engine {
                         status,
                         headers,
                         body,
+                        error: None,
                     },
-                    Reply::HandlerError(trace) => {
-                        record.error = Some(trace.clone());
-                        Response::error(500, format!("the function raised an error:\n{trace}"))
-                    }
-                    Reply::Crashed(why) => {
-                        record.error = Some(why.clone());
-                        Response::error(502, format!("the function crashed: {why}"))
-                    }
+                    // The record keeps the trace (and the crash's cause) without the
+                    // answer's preamble.
+                    Reply::HandlerError(trace) => Response {
+                        error: Some(trace.clone()),
+                        ..Response::error(500, format!("the function raised an error:\n{trace}"))
+                    },
+                    Reply::Crashed(why) => Response {
+                        error: Some(why.clone()),
+                        ..Response::error(502, format!("the function crashed: {why}"))
+                    },
                 }
             }
             None => {
                 instance.kill();
                 let message = format!("the function timed out after {} ms", timeout.as_millis());
-                record.error = Some(message.clone());
                 Response::error(504, message)
             }
         };
@@ -446,7 +454,7 @@ impl Engine {
         let netns = match fp.function.network {
             Network::None => match self
                 .netns()
-                .and_then(|p| p.acquire(&format!("serve-{}", record.id)))
+                .and_then(|p| p.acquire(&format!("{SERVE_OWNER_PREFIX}{}", record.id)))
             {
                 Ok(claimed) => Some(claimed),
                 Err(e) => return Response::error(503, format!("no network namespace free: {e:#}")),
@@ -491,6 +499,7 @@ impl Engine {
                     status: 200,
                     headers: BTreeMap::new(),
                     body: out,
+                    error: None,
                 }
             }
             Outcome::Crashed(m) => (502, m),
@@ -501,7 +510,6 @@ impl Engine {
             Outcome::Overloaded(m) => (503, m),
             Outcome::Failed(m) => (500, m),
         };
-        record.error = Some(message.clone());
         Response::error(status, message)
     }
 
@@ -546,10 +554,10 @@ impl Engine {
             .map(|fp| {
                 let st = fp.state.lock().unwrap();
                 let queued = st.waiters.len() + fp.binary_waiting.load(Ordering::Relaxed);
-                let running = st.instances.len()
-                    + (fp.function.scale.max_instances as usize)
-                        .saturating_sub(fp.binary_slots.available_permits())
-                        * usize::from(fp.function.runtime == "binary");
+                // Only binary invocations take the semaphore's permits.
+                let binary_running = (fp.function.scale.max_instances.max(1) as usize)
+                    .saturating_sub(fp.binary_slots.available_permits());
+                let running = st.instances.len() + binary_running;
                 (fp.function.name.clone(), running, queued)
             })
             .collect()
@@ -712,7 +720,7 @@ impl FnPool {
     }
 
     fn fill_minimum(self: &Arc<Self>, engine: &Arc<Engine>) {
-        if self.function.runtime == "binary" {
+        if self.function.runtime == Runtime::Binary {
             return;
         }
         let mut st = self.state.lock().unwrap();

@@ -19,10 +19,10 @@ use tokio::sync::oneshot;
 
 use crate::engine::Engine;
 use crate::protocol::{self, Message};
-use crate::registry::{Function, Network};
+use crate::registry::{Function, Network, Runtime};
 
-const PYTHON_BOOTSTRAP: &str = include_str!("bootstrap/python.py");
-const NODE_BOOTSTRAP: &str = include_str!("bootstrap/node.js");
+pub(crate) const PYTHON_BOOTSTRAP: &str = include_str!("bootstrap/python.py");
+pub(crate) const NODE_BOOTSTRAP: &str = include_str!("bootstrap/node.js");
 
 /// Largest response body (and log frame) an instance may send.
 pub const MAX_OUTPUT: usize = 6 << 20;
@@ -104,25 +104,25 @@ struct Spawned {
     log: OwnedFd,
 }
 
-fn argv(f: &Function, concurrency: u32) -> Result<Vec<String>> {
-    Ok(match f.runtime.as_str() {
+fn argv(f: &Function) -> Result<Vec<String>> {
+    Ok(match f.runtime {
         // -I -S: no user site, no site.py (the bootstrap sets the path itself): ~3 ms less.
-        "python3" => vec![
+        Runtime::Python3 => vec![
             "/usr/bin/python3".into(),
             "-I".into(),
             "-S".into(),
             "-c".into(),
             PYTHON_BOOTSTRAP.into(),
             f.handler.clone(),
-            concurrency.to_string(),
+            f.scale.concurrency.to_string(),
         ],
-        "node" => vec![
+        Runtime::Node => vec![
             "/usr/bin/node".into(),
             "-e".into(),
             NODE_BOOTSTRAP.into(),
             f.handler.clone(),
         ],
-        other => bail!("runtime {other} has no long-lived instances"),
+        other => bail!("runtime {other:?} has no long-lived instances"),
     })
 }
 
@@ -155,7 +155,7 @@ fn spawn_sandbox(engine: &Engine, f: &Function, id: &str) -> Result<Spawned> {
         id,
         engine.data.join("envs").join(&f.env).join("root"),
         engine.dev_template.clone(),
-        argv(f, f.scale.concurrency)?,
+        argv(f)?,
     );
     spec.cwd = "/code".into();
     spec.env.push(format!("SKIFF_FUNCTION={}", f.name));
@@ -191,9 +191,6 @@ fn spawn_sandbox(engine: &Engine, f: &Function, id: &str) -> Result<Spawned> {
     }
 }
 
-/// The node template's native half, built by build.rs (empty when it could not be).
-const NODE_TEMPLATE_ADDON: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/node_template.node"));
-
 /// A python3 or node instance forked from its runtime's template, when templates are
 /// on; `None` for the plain path.
 fn from_template(
@@ -205,61 +202,7 @@ fn from_template(
     if !engine.use_templates {
         return None;
     }
-    let attempt = |interpreter: &str, tail: &[&str]| -> Result<Child> {
-        let template = engine.templates.get(&spec.rootfs.join(interpreter), tail)?;
-        let extra = serde_json::json!({
-            "handler": f.handler,
-            "concurrency": f.scale.concurrency,
-        });
-        let serde_json::Value::Object(extra) = extra else {
-            unreachable!("a JSON object")
-        };
-        template.fork(spec, entry, extra)
-    };
-    match f.runtime.as_str() {
-        "python3" => Some(attempt(
-            "usr/bin/python3",
-            &["-I", "-S", "-c", PYTHON_BOOTSTRAP, "--template"],
-        )),
-        "node" if !NODE_TEMPLATE_ADDON.is_empty() => {
-            let addon = match node_addon(engine) {
-                Ok(path) => path,
-                Err(e) => return Some(Err(e)),
-            };
-            // Forking node is sound only with no helper threads at work: V8's worker
-            // pool off, and its collector on the main thread.
-            Some(attempt(
-                "usr/bin/node",
-                &[
-                    "--v8-pool-size=0",
-                    "--single-threaded",
-                    "-e",
-                    NODE_BOOTSTRAP,
-                    "@template",
-                    &addon,
-                ],
-            ))
-        }
-        _ => None,
-    }
-}
-
-/// The addon, written once under the data directory (node loads addons from files).
-fn node_addon(engine: &Engine) -> Result<String> {
-    let digest = NODE_TEMPLATE_ADDON
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-    let dir = engine.data.join("pool").join("templates");
-    let path = dir.join(format!("node-template-{digest:016x}.node"));
-    if !path.exists() {
-        std::fs::create_dir_all(&dir)?;
-        let tmp = dir.join(format!(".node-template-{}", std::process::id()));
-        std::fs::write(&tmp, NODE_TEMPLATE_ADDON)?;
-        std::fs::rename(&tmp, &path)?;
-    }
-    Ok(path.to_string_lossy().into_owned())
+    engine.templates.fork(&engine.data, f, spec, entry)
 }
 
 impl Instance {
@@ -271,7 +214,11 @@ impl Instance {
         on_exit: impl FnOnce(&Arc<Instance>) + Send + 'static,
     ) -> Result<Arc<Instance>, StartError> {
         let began = Instant::now();
-        let id = format!("serve-{}", crate::invocations::new_id());
+        let id = format!(
+            "{}{}",
+            skiff_pool::SERVE_OWNER_PREFIX,
+            crate::invocations::new_id()
+        );
         let spawned = {
             let (engine, f, id) = (engine.clone(), f.clone(), id.clone());
             tokio::task::spawn_blocking(move || spawn_sandbox(&engine, &f, &id))

@@ -136,12 +136,15 @@ impl Invocations {
         let mut loaded = Vec::new();
         for entry in std::fs::read_dir(&store.dir)? {
             let path = entry?.path();
+            if path
+                .file_name()
+                .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."))
+            {
+                // A write that a crash interrupted (see `write_synced`).
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
             if path.extension().is_none_or(|e| e != "json") {
-                let _ = path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .filter(|n| n.starts_with('.'))
-                    .map(|_| std::fs::remove_file(&path));
                 continue;
             }
             let Ok(record) = serde_json::from_slice::<Record>(&std::fs::read(&path)?) else {

@@ -60,8 +60,12 @@ pub struct Ran {
 /// Runs `job`.
 pub fn run(spawner: &RemoteSpawner, pool: &CgroupPool, job: Job) -> Ran {
     let f = &job.function;
-    // `serve-`: a restarted daemon frees claims its predecessor left.
-    let id = format!("serve-{}", crate::invocations::new_id());
+    // A restarted daemon frees the claims its predecessor left by this prefix.
+    let id = format!(
+        "{}{}",
+        skiff_pool::SERVE_OWNER_PREFIX,
+        crate::invocations::new_id()
+    );
     let limits = Limits {
         memory_bytes: f.memory_bytes,
         cpus: f.cpus,

@@ -36,7 +36,7 @@ use skiff_store::Store;
 
 use engine::{Engine, FnPool};
 use invocations::{Record, Status, StoredRequest};
-use registry::Function;
+use registry::{Function, Runtime};
 
 /// Largest deploy (a tar of the function's directory) and invocation body.
 const MAX_DEPLOY: usize = 256 << 20;
@@ -95,7 +95,7 @@ fn body_error(e: BytesRejection) -> ApiError {
 pub fn serve(config: Config, spawner: RemoteSpawner) -> Result<()> {
     std::fs::create_dir_all(&config.data)
         .with_context(|| format!("cannot create {}", config.data.display()))?;
-    let lock_path = config.data.join("serve.lock");
+    let lock_path = config.data.join(skiff_pool::SERVE_LOCK);
     let _lock = skiff_pool::try_lock_file(&lock_path)?.with_context(|| {
         format!(
             "another skiff serve is using {} (it holds {})",
@@ -271,41 +271,28 @@ async fn deploy(
         .await
         .map_err(internal)??;
     let fp = FnPool::new(f.clone());
-    let checked = if f.runtime == "binary" {
-        Ok(())
-    } else {
-        fp.prewarm(&e).await
-    };
-    let result = match checked {
-        Ok(()) => {
-            let e2 = e.clone();
-            let f2 = f.clone();
-            let installed = tokio::task::spawn_blocking(move || {
-                let target = e2.registry.source_dir(&f2.name);
-                let _ = std::fs::remove_dir_all(&target);
-                std::fs::rename(&incoming, &target)?;
-                e2.registry.put(&f2)
-            })
-            .await
-            .map_err(internal)?;
-            match installed {
-                Ok(()) => {
-                    e.install(fp);
-                    Ok((StatusCode::CREATED, Json(f)))
-                }
-                Err(err) => {
-                    fp.retire();
-                    Err(internal(err))
-                }
-            }
-        }
-        Err(message) => {
+    if f.runtime != Runtime::Binary {
+        if let Err(message) = fp.prewarm(&e).await {
             fp.retire();
             let _ = std::fs::remove_dir_all(&incoming);
-            Err(ApiError(StatusCode::BAD_REQUEST, message))
+            return Err(ApiError(StatusCode::BAD_REQUEST, message));
         }
-    };
-    result
+    }
+    let (e2, f2) = (e.clone(), f.clone());
+    let installed = tokio::task::spawn_blocking(move || {
+        let target = e2.registry.source_dir(&f2.name);
+        let _ = std::fs::remove_dir_all(&target);
+        std::fs::rename(&incoming, &target)?;
+        e2.registry.put(&f2)
+    })
+    .await
+    .map_err(internal)?;
+    if let Err(err) = installed {
+        fp.retire();
+        return Err(internal(err));
+    }
+    e.install(fp);
+    Ok((StatusCode::CREATED, Json(f)))
 }
 
 /// Unpacks (or copies) the function into a scratch directory and builds its
@@ -325,7 +312,6 @@ fn build(
                         format!("{} is not an absolute path", dir.display()),
                     ));
                 }
-                std::fs::create_dir_all(&incoming).map_err(internal)?;
                 let mut tar = tar::Builder::new(Vec::new());
                 tar.follow_symlinks(false);
                 tar.append_dir_all(".", &dir).map_err(|err| {
@@ -334,12 +320,12 @@ fn build(
                         format!("cannot read {}: {err}", dir.display()),
                     )
                 })?;
-                tar.into_inner().map_err(internal)?
+                std::borrow::Cow::Owned(tar.into_inner().map_err(internal)?)
             }
-            None => tar_bytes.to_vec(),
+            None => std::borrow::Cow::Borrowed(tar_bytes),
         };
         std::fs::create_dir_all(&incoming).map_err(internal)?;
-        tar::Archive::new(source.as_slice())
+        tar::Archive::new(&*source)
             .unpack(&incoming)
             .map_err(|err| {
                 ApiError(
@@ -368,7 +354,7 @@ fn build(
             .map_err(|err| ApiError(StatusCode::BAD_REQUEST, format!("{err:#}")))?;
         Ok(Function {
             name: manifest.name.0.clone(),
-            runtime: format!("{:?}", manifest.runtime).to_lowercase(),
+            runtime: manifest.runtime,
             handler: manifest.handler,
             env: built.id,
             memory_bytes: manifest.limits.memory.0,
@@ -376,10 +362,7 @@ fn build(
             pids: manifest.limits.pids.0,
             timeout_ms: manifest.limits.timeout.0.as_millis() as u64,
             vars: manifest.env,
-            network: match manifest.network {
-                skiff_manifest::Network::Host => registry::Network::Host,
-                skiff_manifest::Network::None => registry::Network::None,
-            },
+            network: manifest.network,
             scale: registry::Scale::from(&manifest.scale),
             deployed_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -737,6 +720,7 @@ fn resume_async(e: &Arc<Engine>, mut record: Record, stored: StoredRequest) {
                     status: 404,
                     headers: BTreeMap::new(),
                     body: Vec::new(),
+                    error: record.error.clone(),
                 }
             }
         };

@@ -7,11 +7,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+pub use skiff_manifest::{Network, Runtime};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Function {
     pub name: String,
-    pub runtime: String,
+    pub runtime: Runtime,
     pub handler: String,
     /// The environment in the store.
     pub env: String,
@@ -57,14 +58,6 @@ impl From<&skiff_manifest::Scale> for Scale {
             queue: s.queue.0,
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Network {
-    #[default]
-    Host,
-    None,
 }
 
 pub struct Registry {

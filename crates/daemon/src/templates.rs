@@ -11,7 +11,15 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
+use skiff_cgroups::Entry;
 use skiff_sandbox::template::Template;
+use skiff_sandbox::{Child, Spec};
+
+use crate::instance::{NODE_BOOTSTRAP, PYTHON_BOOTSTRAP};
+use crate::registry::{Function, Runtime};
+
+/// The node template's native half, built by build.rs (empty when it could not be).
+const NODE_TEMPLATE_ADDON: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/node_template.node"));
 
 type StartRequest = (Vec<String>, mpsc::Sender<Result<Template>>);
 
@@ -39,9 +47,53 @@ impl Templates {
         }
     }
 
+    /// Forks an instance of `f` for `spec` from its runtime's template (started on first
+    /// use); `None` for runtimes without one.
+    pub fn fork(
+        &self,
+        data: &Path,
+        f: &Function,
+        spec: &Spec,
+        entry: &Entry,
+    ) -> Option<Result<Child>> {
+        let started = match f.runtime {
+            Runtime::Python3 => self.get(&spec.rootfs.join("usr/bin/python3"), || {
+                Ok(["-I", "-S", "-c", PYTHON_BOOTSTRAP, "--template"]
+                    .map(String::from)
+                    .to_vec())
+            }),
+            // Forking node is sound only with no helper threads at work: V8's worker
+            // pool off, and its collector on the main thread.
+            Runtime::Node if !NODE_TEMPLATE_ADDON.is_empty() => {
+                self.get(&spec.rootfs.join("usr/bin/node"), || {
+                    let addon = node_addon(data)?;
+                    Ok([
+                        "--v8-pool-size=0",
+                        "--single-threaded",
+                        "-e",
+                        NODE_BOOTSTRAP,
+                        "@template",
+                        &addon,
+                    ]
+                    .map(String::from)
+                    .to_vec())
+                })
+            }
+            _ => return None,
+        };
+        let mut extra = serde_json::Map::new();
+        extra.insert("handler".into(), f.handler.clone().into());
+        extra.insert("concurrency".into(), f.scale.concurrency.into());
+        Some(started.and_then(|template| template.fork(spec, entry, extra)))
+    }
+
     /// The template for the interpreter at `interpreter` (inside an environment's
-    /// root), started on first use with `argv_tail` after the interpreter's path.
-    pub fn get(&self, interpreter: &Path, argv_tail: &[&str]) -> Result<Arc<Template>> {
+    /// root), started on first use with the arguments `tail` makes.
+    fn get(
+        &self,
+        interpreter: &Path,
+        tail: impl FnOnce() -> Result<Vec<String>>,
+    ) -> Result<Arc<Template>> {
         let real = interpreter
             .canonicalize()
             .with_context(|| format!("no interpreter at {}", interpreter.display()))?;
@@ -53,7 +105,7 @@ impl Templates {
             }
         }
         let mut argv = vec![real.to_string_lossy().into_owned()];
-        argv.extend(argv_tail.iter().map(|s| s.to_string()));
+        argv.extend(tail()?);
         let (tx, rx) = mpsc::channel();
         self.starter
             .lock()
@@ -69,4 +121,23 @@ impl Templates {
     pub fn clear(&self) {
         self.running.lock().unwrap().clear();
     }
+}
+
+/// The addon, written once under the data directory (node loads addons from files);
+/// named by a hash of its bytes, so a new build writes a new file.
+fn node_addon(data: &Path) -> Result<String> {
+    let digest = NODE_TEMPLATE_ADDON
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let dir = data.join("pool").join("templates");
+    let path = dir.join(format!("node-template-{digest:016x}.node"));
+    if !path.exists() {
+        std::fs::create_dir_all(&dir)?;
+        let tmp = dir.join(format!(".node-template-{}", std::process::id()));
+        std::fs::write(&tmp, NODE_TEMPLATE_ADDON)?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(path.to_string_lossy().into_owned())
 }

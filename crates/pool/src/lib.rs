@@ -97,6 +97,12 @@ pub fn is_tmpfs_mount(path: &Path) -> bool {
     tmpfs && here.dev() != parent.dev()
 }
 
+/// Claims made by `skiff serve` (its instances and sandboxes) have owners starting with
+/// this: a daemon that restarts, and `skiff gc`, tell them from `skiff run`'s by it.
+pub const SERVE_OWNER_PREFIX: &str = "serve-";
+/// The file in the data directory `skiff serve` keeps locked while it serves it.
+pub const SERVE_LOCK: &str = "serve.lock";
+
 /// Takes an exclusive lock on `path` (created if needed), held until the file is dropped.
 pub fn lock_file(path: &Path) -> io::Result<std::fs::File> {
     use std::os::fd::AsRawFd;

@@ -159,10 +159,11 @@ pub fn gc(data: &Path, pools: bool) -> Result<()> {
     let live: Vec<&Record> = records.iter().filter(|r| r.is_alive()).collect();
     // A running `skiff serve` holds this lock and owns the `serve-` claims; holding it
     // here keeps one from starting while gc decides which claims are leftovers.
-    let serve_lock = skiff_pool::try_lock_file(&data.join("serve.lock"))?;
+    let serve_lock = skiff_pool::try_lock_file(&data.join(skiff_pool::SERVE_LOCK))?;
     let daemon_running = serve_lock.is_none();
     let owned = |owner: &str| {
-        live.iter().any(|r| r.id == owner) || (daemon_running && owner.starts_with("serve-"))
+        live.iter().any(|r| r.id == owner)
+            || (daemon_running && owner.starts_with(skiff_pool::SERVE_OWNER_PREFIX))
     };
 
     let cgroups = CgroupPool::open(data)?;
