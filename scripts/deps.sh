@@ -11,9 +11,13 @@ command -v file >/dev/null || need+=(file)
 command -v umoci >/dev/null || need+=(umoci)
 command -v curl >/dev/null || need+=(curl)
 command -v make >/dev/null || need+=(make)
+# wasmtime compiles a C helper for the musl target.
+command -v musl-gcc >/dev/null || need+=(musl-tools)
 # The runtimes functions use; node's headers come with it (the node template's addon).
 [ -x /usr/bin/python3.11 ] || need+=(python3)
 command -v node >/dev/null || need+=(nodejs npm)
+# bench/sessions runs the same wasm apps against a real local Redis.
+command -v redis-server >/dev/null || need+=(redis-server)
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
@@ -22,3 +26,5 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 command -v cargo >/dev/null || { echo "deps: cargo (Rust) is required: https://rustup.rs" >&2; exit 1; }
 rustup target list --installed 2>/dev/null | grep -q x86_64-unknown-linux-musl || rustup target add x86_64-unknown-linux-musl
+# The wasm examples and test guests.
+rustup target list --installed 2>/dev/null | grep -q wasm32-wasip1 || rustup target add wasm32-wasip1

@@ -7,6 +7,8 @@ bash scripts/deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --release -p skiff
+# The wasm guests the tests deploy (examples, fixtures, the bench app).
+bash scripts/build-wasm.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --all-targets -- --test-threads=2 2>&1 | tee "$log"

@@ -91,6 +91,10 @@ pub fn build(store: &Store, dir: &Path, progress: &mut dyn FnMut(Progress)) -> R
         let bytecode = code_bytecode(store, &code, &code_entries)?;
         code_entries.extend(bytecode);
     }
+    if manifest.runtime == Runtime::Wasm {
+        progress(Progress::Step("compiling the module"));
+        code_entries.push(compiled_module(store, &code, &manifest)?);
+    }
     progress(Progress::File(code_entries.len() as u64));
     if manifest.runtime == Runtime::Binary {
         // A native handler brings its own shared-library closure.
@@ -114,6 +118,33 @@ pub fn build(store: &Store, dir: &Path, progress: &mut dyn FnMut(Progress)) -> R
         root,
         runtime_reused,
     })
+}
+
+/// The handler module, checked and compiled ahead of time: every worker maps this one
+/// file (shared in the page cache) instead of compiling the module itself.
+fn compiled_module(store: &Store, code: &Path, manifest: &Manifest) -> Result<Entry> {
+    let path = code.join(&manifest.handler);
+    let wasm = std::fs::read(&path)
+        .with_context(|| format!("handler {} is not a file in {}", manifest.handler, code.display()))?;
+    let hook = match manifest.session.as_ref().map(|s| &s.key) {
+        Some(skiff_manifest::SessionKey::Wasm(export)) => Some(export.as_str()),
+        _ => None,
+    };
+    let exports: Vec<&str> = std::iter::once("handle").chain(hook).collect();
+    skiff_wasm::validate(&wasm, &exports)
+        .with_context(|| format!("handler {}", manifest.handler))?;
+    let compiled = skiff_wasm::precompile(&wasm)?;
+    store.put_reader(
+        &mut compiled.as_slice(),
+        &format!("{CODE_DIR}/{}", compiled_name(&manifest.handler)),
+        false,
+        None,
+    )
+}
+
+/// Where a wasm handler's compiled module is, beside it in the code directory.
+pub fn compiled_name(handler: &str) -> String {
+    format!("{handler}.cwasm")
 }
 
 /// Bytecode for the function's Python files, as `__pycache__` entries beside them
@@ -165,6 +196,30 @@ fn code_bytecode(store: &Store, code: &Path, code_entries: &[Entry]) -> Result<V
         .collect())
 }
 
+/// The wasm runtime layer: skiff's own (static) executable as `/usr/bin/skiff`, which
+/// runs as `skiff worker` in the sandbox, so worker and daemon are the same build.
+fn worker_layer(
+    store: &Store,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(Vec<Entry>, bool)> {
+    let exe = std::env::current_exe().context("finding skiff's own executable")?;
+    let meta = std::fs::metadata(&exe)?;
+    let key = format!(
+        "wasm {} {} {}",
+        exe.display(),
+        meta.len(),
+        std::os::unix::fs::MetadataExt::mtime(&meta)
+    );
+    let id = format!("runtime-{}", &hex_digest(key.as_bytes())[..16]);
+    if store.env_exists(&id) {
+        return Ok((store.record(&id)?.entries, true));
+    }
+    progress(Progress::Step("runtime wasm (once)"));
+    let entries = vec![store.put_file(&exe, "usr/bin/skiff")?];
+    store.build_env(&id, &id, &entries)?;
+    Ok((entries, false))
+}
+
 /// The runtime layer's entries, building it on first use. `None` for runtimes that
 /// bring nothing (binary, wasm).
 fn runtime_layer(
@@ -175,7 +230,8 @@ fn runtime_layer(
     let interpreter = match runtime {
         Runtime::Python3 => find_program(&["/usr/bin/python3.11", "/usr/bin/python3"])?,
         Runtime::Node => find_program(&["/usr/bin/node", "/usr/local/bin/node"])?,
-        Runtime::Binary | Runtime::Wasm => return Ok(None),
+        Runtime::Wasm => return worker_layer(store, progress).map(Some),
+        Runtime::Binary => return Ok(None),
     };
     let meta = std::fs::metadata(&interpreter)?;
     let key = format!(

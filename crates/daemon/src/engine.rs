@@ -16,12 +16,14 @@ use skiff_sandbox::netns::NetnsPool;
 use skiff_sandbox::RemoteSpawner;
 use tokio::sync::{oneshot, Semaphore};
 
-use crate::instance::{Call, Instance, Reply, StartError};
+use crate::instance::{Call, Instance, Reply, SessionRole, StartError};
 use crate::invocations::{Invocations, Record, Status};
 use crate::logs::Logs;
 use crate::metrics::Metrics;
 use crate::registry::{Function, Network, Registry, Runtime};
 use skiff_pool::SERVE_OWNER_PREFIX;
+
+mod session_pools;
 
 pub struct Engine {
     pub data: PathBuf,
@@ -34,6 +36,12 @@ pub struct Engine {
     pub invocations: Invocations,
     pub metrics: Metrics,
     functions: Mutex<HashMap<String, Arc<FnPool>>>,
+    /// Live sessions by id: each a pool of its own, the primary first.
+    sessions: Mutex<HashMap<String, Arc<FnPool>>>,
+    /// Per session: held while its primary starts or while it closes, so a restore
+    /// never reads a checkpoint that is still being written.
+    session_gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub hints: crate::sessions::Sessions,
     pub templates: crate::templates::Templates,
     /// Cold starts of python3 fork from a template (else: the interpreter starts).
     pub use_templates: bool,
@@ -46,6 +54,15 @@ pub struct FnPool {
     /// `binary`: sandboxes running, bounded by `max_instances`, and requests waiting.
     binary_slots: Arc<Semaphore>,
     binary_waiting: AtomicUsize,
+    /// Set for one session's pool.
+    session: Option<SessionPool>,
+}
+
+/// What a session's pool knows of its session.
+pub struct SessionPool {
+    pub id: String,
+    dir: PathBuf,
+    gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 #[derive(Default)]
@@ -157,6 +174,9 @@ impl Engine {
             invocations,
             metrics: Metrics::default(),
             functions: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            session_gates: Mutex::new(HashMap::new()),
+            hints: crate::sessions::Sessions::open(&data)?,
             templates: crate::templates::Templates::new(),
             use_templates,
             data,
@@ -208,7 +228,8 @@ impl Engine {
     }
 
     /// Makes `fp` the function's current version; the one it replaces retires.
-    pub fn install(&self, fp: Arc<FnPool>) {
+    pub fn install(self: &Arc<Self>, fp: Arc<FnPool>) {
+        self.close_sessions_of(&fp.function.name);
         let old = self
             .functions
             .lock()
@@ -219,7 +240,8 @@ impl Engine {
         }
     }
 
-    pub fn uninstall(&self, name: &str) {
+    pub fn uninstall(self: &Arc<Self>, name: &str) {
+        self.close_sessions_of(name);
         if let Some(old) = self.functions.lock().unwrap().remove(name) {
             old.retire();
         }
@@ -262,8 +284,10 @@ impl Engine {
         self.metrics.inflight.fetch_add(1, Ordering::Relaxed);
         let response = if fp.function.runtime == Runtime::Binary {
             self.invoke_binary(fp, request, record).await
+        } else if fp.function.session.is_some() {
+            self.invoke_session(fp, request, record).await
         } else {
-            self.invoke_instance(fp, request, record).await
+            self.invoke_instance(fp, request, record, None).await
         };
         self.metrics.inflight.fetch_sub(1, Ordering::Relaxed);
         record.duration_ms = began.elapsed().as_secs_f64() * 1e3;
@@ -283,11 +307,13 @@ impl Engine {
         response
     }
 
+    /// Runs `request` on an instance of `fp`: `handle`, or the wasm export `export`.
     async fn invoke_instance(
         self: &Arc<Self>,
         fp: &Arc<FnPool>,
         request: &Request,
         record: &mut Record,
+        export: Option<&str>,
     ) -> Response {
         let waited = Instant::now();
         let lease = match self.acquire(fp).await {
@@ -312,6 +338,7 @@ impl Engine {
             headers: &request.headers,
             body: &request.body,
             timeout,
+            export,
         };
         let reply = instance.call(&call).await;
         let response = match reply {
@@ -330,9 +357,10 @@ impl Engine {
                     },
                     // The record keeps the trace (and the crash's cause) without the
                     // answer's preamble.
-                    Reply::HandlerError(trace) => Response {
+                    Reply::HandlerError(trace, 504) => Response::error(504, trace),
+                    Reply::HandlerError(trace, status) => Response {
                         error: Some(trace.clone()),
-                        ..Response::error(500, format!("the function raised an error:\n{trace}"))
+                        ..Response::error(status, format!("the function raised an error:\n{trace}"))
                     },
                     Reply::Crashed(why) => Response {
                         error: Some(why.clone()),
@@ -363,7 +391,7 @@ impl Engine {
                     i.inflight.fetch_add(1, Ordering::Relaxed);
                     return Ok(Lease::new(fp, self, i));
                 }
-                if st.instances.len() + st.starting < fp.function.scale.max_instances as usize {
+                if fp.may_start(&st) {
                     st.starting += 1;
                     None
                 } else if st.waiters.len() < fp.function.scale.queue as usize {
@@ -523,12 +551,14 @@ impl Engine {
                 fp.expire_idle();
                 fp.fill_minimum(&self);
             }
+            self.expire_sessions();
         }
     }
 
     /// Stops every instance and waits (up to 5 s) until they are reaped and their
     /// slots released (daemon shutdown).
-    pub async fn stop_all(&self) {
+    pub async fn stop_all(self: &Arc<Self>) {
+        self.close_all_sessions().await;
         let pools = self.pools();
         for fp in &pools {
             fp.retire();
@@ -572,17 +602,37 @@ impl FnPool {
             state: Mutex::new(State::default()),
             binary_slots: Arc::new(Semaphore::new(slots)),
             binary_waiting: AtomicUsize::new(0),
+            session: None,
         })
     }
 
-    /// The instance with room that was used last (so the others go idle and expire).
+    pub fn is_retired(&self) -> bool {
+        self.state.lock().unwrap().retired
+    }
+
+    /// The instance with room that was used last (so the others go idle and expire);
+    /// in a session, the first with room, the primary before secondaries (bin-packing:
+    /// state calls in the primary need no RPC).
     fn pick(&self, st: &State) -> Option<Arc<Instance>> {
         let room = self.function.scale.concurrency.max(1);
-        st.instances
+        let mut open = st
+            .instances
             .iter()
-            .filter(|i| !i.is_dead() && i.inflight.load(Ordering::Relaxed) < room)
-            .max_by_key(|i| *i.last_used.lock().unwrap())
-            .cloned()
+            .filter(|i| !i.is_dead() && i.inflight.load(Ordering::Relaxed) < room);
+        if self.session.is_some() {
+            return open.next().cloned();
+        }
+        open.max_by_key(|i| *i.last_used.lock().unwrap()).cloned()
+    }
+
+    /// Whether another instance may start now: below `max_instances`, and in a session
+    /// only once its primary is up (secondaries need it).
+    fn may_start(&self, st: &State) -> bool {
+        let total = st.instances.len() + st.starting;
+        if self.session.is_some() && !st.instances.iter().any(|i| !i.is_dead()) {
+            return st.starting == 0;
+        }
+        total < self.function.scale.max_instances as usize
     }
 
     /// Starts an instance (a slot in `starting` was reserved by the caller). For a
@@ -595,7 +645,16 @@ impl FnPool {
     ) -> Result<Arc<Instance>, String> {
         let weak = Arc::downgrade(self);
         let engine_for_exit = engine.clone();
-        let started = Instance::start(engine, &self.function, move |gone| {
+        let role = self.session.as_ref().map(|s| SessionRole {
+            primary: !self.state.lock().unwrap().instances.iter().any(|i| !i.is_dead()),
+            dir: s.dir.clone(),
+        });
+        // A primary restores the session: not while an earlier one still checkpoints.
+        let _gate = match (&self.session, &role) {
+            (Some(s), Some(r)) if r.primary => Some(s.gate.clone().lock_owned().await),
+            _ => None,
+        };
+        let started = Instance::start(engine, &self.function, role, move |gone| {
             if let Some(fp) = weak.upgrade() {
                 fp.forget(&engine_for_exit, gone);
             }
@@ -611,6 +670,10 @@ impl FnPool {
                 if st.retired {
                     i.kill();
                     return Err("the function was redeployed or removed; retry".into());
+                }
+                if self.session.is_some() && !i.primary && !st.instances.iter().any(|j| j.primary && !j.is_dead()) {
+                    i.kill();
+                    return Err("the session's primary worker ended; retry".into());
                 }
                 if !for_queue {
                     i.inflight.fetch_add(1, Ordering::Relaxed);
@@ -667,6 +730,7 @@ impl FnPool {
         while !st.retired
             && st.waiters.len() > st.starting_for_queue * per_instance
             && st.instances.len() + st.starting < max
+            && self.may_start(st)
         {
             self.start_in_background(engine, st);
         }
@@ -687,6 +751,13 @@ impl FnPool {
     fn forget(self: &Arc<Self>, engine: &Arc<Engine>, gone: &Arc<Instance>) {
         let mut st = self.state.lock().unwrap();
         st.instances.retain(|i| !Arc::ptr_eq(i, gone));
+        if gone.primary {
+            // Secondaries reach the state through the primary: the session starts over
+            // (the next primary restores it).
+            for i in st.instances.iter() {
+                i.kill();
+            }
+        }
         self.dispatch(engine, &mut st);
     }
 

@@ -36,8 +36,9 @@ pub enum Reply {
         headers: BTreeMap<String, String>,
         body: Vec<u8>,
     },
-    /// The handler raised or rejected: its traceback or stack.
-    HandlerError(String),
+    /// The handler raised or rejected: its traceback or stack; or a wasm request
+    /// trapped (500) or ran out of time (504).
+    HandlerError(String, u16),
     /// The instance died before answering: why.
     Crashed(String),
 }
@@ -51,6 +52,15 @@ pub struct Call<'a> {
     pub headers: &'a BTreeMap<String, String>,
     pub body: &'a [u8],
     pub timeout: Duration,
+    /// A wasm session hook instead of `handle`.
+    pub export: Option<&'a str>,
+}
+
+/// A wasm worker's part in a session, and the session's directory (its `/work`).
+#[derive(Clone)]
+pub struct SessionRole {
+    pub primary: bool,
+    pub dir: std::path::PathBuf,
 }
 
 struct Pending {
@@ -64,6 +74,8 @@ pub struct Instance {
     pub function: String,
     pub pid: i32,
     pub cgroup_slot: usize,
+    /// A session's primary worker (holds the session's state).
+    pub primary: bool,
     pub started: SystemTime,
     /// Spawn to `ready`: what a cold start cost.
     pub init: Duration,
@@ -80,6 +92,9 @@ pub struct Instance {
     pub inflight: AtomicU32,
     pub served: AtomicU64,
     pub last_used: Mutex<Instant>,
+    /// How long past a call's timeout the engine still waits: a wasm worker stops the
+    /// request itself at the limit and lives on; others are killed at it.
+    grace: Duration,
 }
 
 /// Why a start failed: the function's own (its import raised, the interpreter died), or
@@ -104,7 +119,7 @@ struct Spawned {
     log: OwnedFd,
 }
 
-fn argv(f: &Function) -> Result<Vec<String>> {
+fn argv(f: &Function, role: Option<&SessionRole>) -> Result<Vec<String>> {
     Ok(match f.runtime {
         // -I -S: no user site, no site.py (the bootstrap sets the path itself): ~3 ms less.
         Runtime::Python3 => vec![
@@ -122,11 +137,44 @@ fn argv(f: &Function) -> Result<Vec<String>> {
             NODE_BOOTSTRAP.into(),
             f.handler.clone(),
         ],
+        Runtime::Wasm => {
+            let concurrency = f.scale.concurrency.max(1);
+            let mut argv = vec![
+                "/usr/bin/skiff".into(),
+                "worker".into(),
+                "--module".into(),
+                format!("/code/{}", skiff_builder::compiled_name(&f.handler)),
+                "--concurrency".into(),
+                concurrency.to_string(),
+                "--memory".into(),
+                wasm_request_memory(f.memory_bytes, concurrency).to_string(),
+            ];
+            if let (Some(role), Some(session)) = (role, &f.session) {
+                let part = if role.primary { "primary" } else { "secondary" };
+                argv.extend(["--session".into(), part.into()]);
+                argv.extend(["--durability".into(), format!("{:?}", session.durability).to_lowercase()]);
+                argv.extend(["--locking".into(), format!("{:?}", session.locking).to_lowercase()]);
+            }
+            argv
+        }
         other => bail!("runtime {other:?} has no long-lived instances"),
     })
 }
 
-fn spawn_sandbox(engine: &Engine, f: &Function, id: &str) -> Result<Spawned> {
+/// Linear memory each wasm request may use: half the worker's memory limit, shared by
+/// its instances (plus one for hooks), so one greedy request cannot get the worker (and
+/// its session's state) killed by the kernel.
+fn wasm_request_memory(worker_bytes: u64, concurrency: u32) -> u64 {
+    const PAGE: u64 = 64 << 10;
+    (worker_bytes / 2 / (u64::from(concurrency) + 1) / PAGE).max(16) * PAGE
+}
+
+fn spawn_sandbox(
+    engine: &Engine,
+    f: &Function,
+    id: &str,
+    role: Option<&SessionRole>,
+) -> Result<Spawned> {
     let limits = Limits {
         memory_bytes: f.memory_bytes,
         cpus: f.cpus,
@@ -155,9 +203,10 @@ fn spawn_sandbox(engine: &Engine, f: &Function, id: &str) -> Result<Spawned> {
         id,
         engine.data.join("envs").join(&f.env).join("root"),
         engine.dev_template.clone(),
-        argv(f)?,
+        argv(f, role)?,
     );
     spec.cwd = "/code".into();
+    spec.work = role.map(|r| r.dir.clone());
     spec.env.push(format!("SKIFF_FUNCTION={}", f.name));
     spec.env
         .extend(f.vars.iter().map(|(k, v)| format!("{k}={v}")));
@@ -211,6 +260,7 @@ impl Instance {
     pub async fn start(
         engine: &Arc<Engine>,
         f: &Function,
+        role: Option<SessionRole>,
         on_exit: impl FnOnce(&Arc<Instance>) + Send + 'static,
     ) -> Result<Arc<Instance>, StartError> {
         let began = Instant::now();
@@ -220,8 +270,8 @@ impl Instance {
             crate::invocations::new_id()
         );
         let spawned = {
-            let (engine, f, id) = (engine.clone(), f.clone(), id.clone());
-            tokio::task::spawn_blocking(move || spawn_sandbox(&engine, &f, &id))
+            let (engine, f, id, role) = (engine.clone(), f.clone(), id.clone(), role.clone());
+            tokio::task::spawn_blocking(move || spawn_sandbox(&engine, &f, &id, role.as_ref()))
                 .await
                 .context("spawn task")??
         };
@@ -272,6 +322,7 @@ impl Instance {
             function: f.name.clone(),
             pid: spawned.child.pid,
             cgroup_slot: spawned.slot.index,
+            primary: role.is_some_and(|r| r.primary),
             started: SystemTime::now(),
             init: began.elapsed(),
             child: spawned.child,
@@ -285,6 +336,11 @@ impl Instance {
             inflight: AtomicU32::new(0),
             served: AtomicU64::new(0),
             last_used: Mutex::new(Instant::now()),
+            grace: if f.runtime == Runtime::Wasm {
+                Duration::from_secs(1)
+            } else {
+                Duration::ZERO
+            },
         });
         tokio::spawn(read_logs(engine.clone(), f.name.clone(), spawned.log));
         let (engine2, me) = (engine.clone(), instance.clone());
@@ -305,8 +361,8 @@ impl Instance {
     /// Reads frames until the channel ends; returns why, when the instance broke the
     /// protocol (otherwise its exit status tells).
     async fn serve_replies(
-        &self,
-        engine: &Engine,
+        self: &Arc<Self>,
+        engine: &Arc<Engine>,
         reader: &mut tokio::net::unix::OwnedReadHalf,
     ) -> Option<String> {
         loop {
@@ -341,10 +397,32 @@ impl Instance {
                         body,
                     },
                 ),
-                Message::Error { id } => self.answer(
+                Message::Error { id, status } => self.answer(
                     id,
-                    Reply::HandlerError(String::from_utf8_lossy(&body).trim_end().to_owned()),
+                    Reply::HandlerError(
+                        String::from_utf8_lossy(&body).trim_end().to_owned(),
+                        status.unwrap_or(500),
+                    ),
                 ),
+                Message::Fetch {
+                    fetch,
+                    address,
+                    name,
+                } => {
+                    let (engine, me) = (engine.clone(), self.clone());
+                    tokio::spawn(async move {
+                        let value = engine.read_published(address, name).await;
+                        let frame = protocol::encode(
+                            &protocol::Control {
+                                op: "fetched",
+                                id: fetch,
+                                found: value.is_some(),
+                            },
+                            value.as_deref().unwrap_or_default(),
+                        );
+                        let _ = me.writer.lock().await.write_all(&frame).await;
+                    });
+                }
                 Message::Ready | Message::InitError => {
                     return Some("the instance restarted its protocol".into())
                 }
@@ -384,6 +462,7 @@ impl Instance {
                 query: call.query,
                 headers: call.headers,
                 timeout_ms: call.timeout.as_millis() as u64,
+                export: call.export,
             },
             call.body,
         );
@@ -391,7 +470,7 @@ impl Instance {
             let mut writer = self.writer.lock().await;
             writer.write_all(&frame).await
         };
-        let result = tokio::time::timeout(call.timeout, async {
+        let result = tokio::time::timeout(call.timeout + self.grace, async {
             // A write error means the instance is dying: its reply says why.
             let _ = sent.await;
             rx.await
@@ -406,6 +485,33 @@ impl Instance {
             Err(_) => {
                 self.pending.lock().unwrap().remove(&id);
                 None
+            }
+        }
+    }
+
+    /// Sends a control operation to a wasm worker and waits (up to `limit`) for its
+    /// answer: `Ok(body)`, or `Err(why)`.
+    pub async fn control(&self, op: &str, body: &[u8], limit: Duration) -> Result<Vec<u8>, String> {
+        let id = self.next_call.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().unwrap().insert(
+            id,
+            Pending {
+                reply: tx,
+                request_id: String::new(),
+                logs: Vec::new(),
+            },
+        );
+        let frame = protocol::encode(&protocol::Control { op, id, found: false }, body);
+        let _ = self.writer.lock().await.write_all(&frame).await;
+        match tokio::time::timeout(limit, rx).await {
+            Ok(Ok((Reply::Response { status: 200, body, .. }, _))) => Ok(body),
+            Ok(Ok((Reply::Response { status, .. }, _))) => Err(format!("status {status}")),
+            Ok(Ok((Reply::HandlerError(why, _) | Reply::Crashed(why), _))) => Err(why),
+            Ok(Err(_)) => Err("the worker is gone".into()),
+            Err(_) => {
+                self.pending.lock().unwrap().remove(&id);
+                Err(format!("no answer within {} ms", limit.as_millis()))
             }
         }
     }

@@ -57,6 +57,9 @@ pub struct Record {
     pub result_base64: Option<String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
     pub result_headers: BTreeMap<String, String>,
+    /// The session's id (a MAC of its key; never the key itself).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub session: Option<String>,
 }
 
 impl Record {
@@ -84,6 +87,7 @@ impl Record {
             result: None,
             result_base64: None,
             result_headers: BTreeMap::new(),
+            session: None,
         }
     }
 

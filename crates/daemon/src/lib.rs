@@ -12,7 +12,10 @@ mod metrics;
 mod openapi;
 mod protocol;
 mod registry;
+mod sessions;
 mod templates;
+
+pub use sessions::SESSION_HEADER;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -27,7 +30,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path as UrlPath, Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::json;
@@ -183,6 +186,10 @@ fn router(engine: Arc<Engine>, via: Via) -> Router {
         .route("/v1/instances", get(instances))
         .route("/v1/invocations", get(list_invocations))
         .route("/v1/invocations/{id}", get(get_invocation))
+        .route("/v1/sessions", get(list_sessions))
+        .route("/v1/sessions/{id}", delete(delete_session))
+        .route("/v1/sessions/{id}/state", get(session_state))
+        .route("/v1/sessions/{id}/checkpoint", post(checkpoint_session))
         .route("/fn/{name}", any(invoke))
         .route("/fn/{name}/{*rest}", any(invoke_path))
         .route("/function/{name}", any(invoke))
@@ -206,8 +213,45 @@ async fn metrics(State(e): State<Arc<Engine>>) -> impl IntoResponse {
     let functions = e.registry.list().map_or(0, |l| l.len());
     (
         [("content-type", "text/plain; version=0.0.4")],
-        e.metrics.render(functions, &e.gauges()),
+        e.metrics.render(functions, &e.gauges(), e.session_gauges()),
     )
+}
+
+async fn list_sessions(State(e): State<Arc<Engine>>) -> impl IntoResponse {
+    Json(e.session_infos())
+}
+
+/// A session answer's body (JSON the worker made), or its error.
+fn session_answer(answer: Result<Vec<u8>, (u16, String)>) -> Result<impl IntoResponse, ApiError> {
+    let body = answer.map_err(|(status, message)| {
+        ApiError(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), message)
+    })?;
+    Ok(([("content-type", "application/json")], body))
+}
+
+/// `GET /v1/sessions/ID/state`: the session's keys and values, for operators.
+async fn session_state(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    session_answer(e.session_state(&id).await)
+}
+
+/// `POST /v1/sessions/ID/checkpoint`: write the session's checkpoint now.
+async fn checkpoint_session(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    session_answer(e.checkpoint_session(&id).await)
+}
+
+/// `DELETE /v1/sessions/ID`: the session's workers end and its state is removed.
+async fn delete_session(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<StatusCode, ApiError> {
+    session_answer(e.delete_session(&id).await.map(|()| Vec::new()))?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn list(State(e): State<Arc<Engine>>) -> Result<Json<Vec<Function>>, ApiError> {
@@ -343,12 +387,6 @@ fn build(
             })?;
         let manifest = skiff_manifest::Manifest::parse(&text, skiff_manifest::FILE_NAME)
             .map_err(|err| ApiError(StatusCode::BAD_REQUEST, err.to_string()))?;
-        if manifest.runtime == skiff_manifest::Runtime::Wasm {
-            return Err(ApiError(
-                StatusCode::NOT_IMPLEMENTED,
-                "runtime wasm is not served yet (the session tier is a later issue)".into(),
-            ));
-        }
         let store = Store::open(&e.data).map_err(internal)?;
         let built = skiff_builder::build(&store, &incoming, &mut |_| {})
             .map_err(|err| ApiError(StatusCode::BAD_REQUEST, format!("{err:#}")))?;
@@ -364,6 +402,7 @@ fn build(
             vars: manifest.env,
             network: manifest.network,
             scale: registry::Scale::from(&manifest.scale),
+            session: manifest.session.as_ref().map(registry::Session::from),
             deployed_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -16,6 +16,10 @@ const BUCKETS: [f64; 11] = [
 #[derive(Default)]
 pub struct Metrics {
     pub inflight: AtomicI64,
+    /// Session pools opened: new sessions and restores.
+    pub sessions_opened: AtomicU64,
+    pub session_checkpoints: AtomicU64,
+    pub session_checkpoint_failures: AtomicU64,
     by_function: Mutex<BTreeMap<String, PerFunction>>,
 }
 
@@ -89,7 +93,13 @@ impl Metrics {
     }
 
     /// `gauges`: per function, (name, instances or sandboxes running, requests queued).
-    pub fn render(&self, functions: usize, gauges: &[(String, usize, usize)]) -> String {
+    /// `sessions`: sessions live and their workers.
+    pub fn render(
+        &self,
+        functions: usize,
+        gauges: &[(String, usize, usize)],
+        sessions: (usize, usize),
+    ) -> String {
         let mut out = String::new();
         let all = self.by_function.lock().unwrap_or_else(|e| e.into_inner());
         out.push_str("# HELP skiff_functions Functions deployed.\n# TYPE skiff_functions gauge\n");
@@ -133,6 +143,16 @@ impl Metrics {
         for (name, f) in all.iter() {
             f.cold_starts
                 .render(&mut out, "skiff_cold_start_seconds", name);
+        }
+        let counter = |n: &AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        for (name, kind, help, value) in [
+            ("skiff_sessions", "gauge", "Sessions with workers running.", sessions.0 as u64),
+            ("skiff_session_workers", "gauge", "Wasm workers of sessions, primaries and secondaries.", sessions.1 as u64),
+            ("skiff_sessions_opened_total", "counter", "Sessions started: new ones and restores from a checkpoint.", counter(&self.sessions_opened)),
+            ("skiff_session_checkpoints_total", "counter", "Session checkpoints written.", counter(&self.session_checkpoints)),
+            ("skiff_session_checkpoint_failures_total", "counter", "Session checkpoints that failed.", counter(&self.session_checkpoint_failures)),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
         }
         out
     }

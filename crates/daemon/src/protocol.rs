@@ -20,6 +20,19 @@ pub struct Request<'a> {
     pub query: &'a str,
     pub headers: &'a BTreeMap<String, String>,
     pub timeout_ms: u64,
+    /// A wasm session hook to call instead of `handle`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub export: Option<&'a str>,
+}
+
+/// A control operation, engine to a wasm worker (`checkpoint`, `dump`, `get`), or the
+/// answer to a worker's `fetch` (`fetched`).
+#[derive(Serialize)]
+pub struct Control<'a> {
+    pub op: &'a str,
+    pub id: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub found: bool,
 }
 
 /// What an instance sends: `ready` once the handler is loaded (or `init_error`), then
@@ -41,6 +54,15 @@ pub enum Message {
     },
     Error {
         id: u64,
+        /// 504 when a wasm worker stopped the request at its time limit; else 500.
+        #[serde(default)]
+        status: Option<u16>,
+    },
+    /// A wasm worker asks for a value another session published.
+    Fetch {
+        fetch: u64,
+        address: String,
+        name: String,
     },
 }
 

@@ -27,7 +27,34 @@ pub struct Function {
     pub network: Network,
     #[serde(default)]
     pub scale: Scale,
+    /// `wasm` functions with sessions.
+    #[serde(default)]
+    pub session: Option<Session>,
     pub deployed_unix: u64,
+}
+
+/// The manifest's `session`, in plain numbers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Session {
+    pub key: skiff_manifest::SessionKey,
+    /// Requests one worker runs at once; more start secondaries.
+    pub max_concurrency: u32,
+    /// Idle this long: checkpoint, then the workers end.
+    pub keep_alive_ms: u64,
+    pub durability: skiff_manifest::Durability,
+    pub locking: skiff_manifest::Locking,
+}
+
+impl From<&skiff_manifest::Session> for Session {
+    fn from(s: &skiff_manifest::Session) -> Session {
+        Session {
+            key: s.key.clone(),
+            max_concurrency: s.max_concurrency.0,
+            keep_alive_ms: s.keep_alive.0.as_millis() as u64,
+            durability: s.durability,
+            locking: s.locking,
+        }
+    }
 }
 
 /// The manifest's `scale`, in plain numbers.

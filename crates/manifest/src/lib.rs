@@ -93,9 +93,21 @@ pub struct Session {
     pub keep_alive: Interval,
     #[serde(default)]
     pub durability: Durability,
+    #[serde(default)]
+    pub locking: Locking,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+/// How strong read-modify-writes are kept linearizable: a lock held from the strong
+/// read to the strong write, or versions checked at the write (the guest retries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Locking {
+    #[default]
+    Pessimistic,
+    Optimistic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Durability {
     #[default]
@@ -137,6 +149,23 @@ impl TryFrom<String> for SessionKey {
                 "invalid session key {text:?}: {kind:?} is not header, query, json or wasm"
             )),
         }
+    }
+}
+
+impl std::fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionKey::Header(name) => write!(f, "header:{name}"),
+            SessionKey::Query(name) => write!(f, "query:{name}"),
+            SessionKey::Json(pointer) => write!(f, "json:{pointer}"),
+            SessionKey::Wasm(export) => write!(f, "wasm:{export}"),
+        }
+    }
+}
+
+impl Serialize for SessionKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 

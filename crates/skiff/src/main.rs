@@ -91,6 +91,10 @@ enum Command {
         /// Queue the invocation and print its id instead of waiting for the result.
         #[arg(long = "async")]
         is_async: bool,
+        /// A session hint (from an earlier response's x-skiff-session header): the
+        /// request goes to that session.
+        #[arg(long, value_name = "HINT")]
+        session: Option<String>,
     },
     /// Show an invocation's record: status, timings, cold start, logs, async result.
     Invocation { id: String },
@@ -142,6 +146,30 @@ enum Command {
     },
     /// Re-hash every file in the store and report corruption.
     Fsck,
+    /// The wasm host the daemon runs inside a sandbox for `runtime: wasm` functions;
+    /// it speaks skiff's framed protocol on its stdin (not for direct use).
+    Worker {
+        /// The module compiled at deploy (`.cwasm`).
+        #[arg(long)]
+        module: PathBuf,
+        /// Requests run at once, each in its own instance.
+        #[arg(long, default_value_t = 10)]
+        concurrency: u32,
+        /// Linear memory per request, in bytes.
+        #[arg(long, default_value_t = 64 << 20)]
+        memory: u64,
+        /// The worker's part in its session: `primary` holds the state, `secondary`
+        /// reaches the primary's.
+        #[arg(long, value_parser = ["primary", "secondary"])]
+        session: Option<String>,
+        /// The session's directory: checkpoint, log and the primary's state socket.
+        #[arg(long, default_value = "/work")]
+        state_dir: PathBuf,
+        #[arg(long, default_value = "checkpoint", value_parser = ["checkpoint", "wal"])]
+        durability: String,
+        #[arg(long, default_value = "pessimistic", value_parser = ["pessimistic", "optimistic"])]
+        locking: String,
+    },
     /// Show the sandbox pools, or resize the cgroup pool.
     Pool {
         /// Number of pre-created cgroup slots.
@@ -191,9 +219,13 @@ fn main() -> ExitCode {
         Command::Invoke {
             name,
             body,
-            headers,
+            mut headers,
             is_async,
-        } => remote::invoke(&target, &name, body.as_deref(), &headers, is_async).map(|()| 0),
+            session,
+        } => {
+            headers.extend(session.map(|hint| format!("{}:{hint}", skiff_daemon::SESSION_HEADER)));
+            remote::invoke(&target, &name, body.as_deref(), &headers, is_async).map(|()| 0)
+        }
         Command::Invocation { id } => remote::invocation(&target, &id).map(|()| 0),
         Command::Logs {
             name,
@@ -210,6 +242,36 @@ fn main() -> ExitCode {
         }
         Command::Kill { signal, id } => admin::kill(&data, &id, &signal).map(|()| 0),
         Command::Gc { pools } => admin::gc(&data, pools).map(|()| 0),
+        Command::Worker {
+            module,
+            concurrency,
+            memory,
+            session,
+            state_dir,
+            durability,
+            locking,
+        } => skiff_worker::run(skiff_worker::Options {
+            module,
+            concurrency,
+            memory_bytes: memory,
+            role: match session.as_deref() {
+                Some("primary") => skiff_worker::Role::Primary,
+                Some(_) => skiff_worker::Role::Secondary,
+                None => skiff_worker::Role::None,
+            },
+            state_dir,
+            durability: if durability == "wal" {
+                skiff_session::Durability::Wal
+            } else {
+                skiff_session::Durability::Checkpoint
+            },
+            locking: if locking == "optimistic" {
+                skiff_session::Locking::Optimistic
+            } else {
+                skiff_session::Locking::Pessimistic
+            },
+        })
+        .map(|()| 0),
         Command::Pool { size } => admin::pool(&data, size).map(|()| 0),
         Command::Validate { dir } => envs::validate(&dir).map(|()| 0),
         Command::Build { dir } => envs::build(&data, &dir).map(|()| 0),
