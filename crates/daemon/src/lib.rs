@@ -190,6 +190,7 @@ fn router(engine: Arc<Engine>, via: Via) -> Router {
         .route("/v1/sessions/{id}", delete(delete_session))
         .route("/v1/sessions/{id}/state", get(session_state))
         .route("/v1/sessions/{id}/checkpoint", post(checkpoint_session))
+        .route("/v1/sessions/{id}/close", post(close_session))
         .route("/fn/{name}", any(invoke))
         .route("/fn/{name}/{*rest}", any(invoke_path))
         .route("/function/{name}", any(invoke))
@@ -243,6 +244,16 @@ async fn checkpoint_session(
     UrlPath(id): UrlPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     session_answer(e.checkpoint_session(&id).await)
+}
+
+/// `POST /v1/sessions/ID/close`: checkpoint, then the workers end (as on idle); the
+/// next request restores the session.
+async fn close_session(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<StatusCode, ApiError> {
+    session_answer(e.close_session_now(&id).await.map(|()| Vec::new()))?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `DELETE /v1/sessions/ID`: the session's workers end and its state is removed.

@@ -387,6 +387,18 @@ impl Engine {
         done
     }
 
+    /// Closes a live session now (checkpoint, workers end), as keep-alive would.
+    pub async fn close_session_now(&self, id: &str) -> Result<(), (u16, String)> {
+        if self.hints.function_of(id).is_none() {
+            return Err((404, format!("no session {id}")));
+        }
+        let live = self.sessions.lock().unwrap().get(id).cloned();
+        match live {
+            Some(pool) => self.close_session(&pool, true).await.map_err(|e| (500, e)),
+            None => Ok(()),
+        }
+    }
+
     /// Deletes a session: its workers end and its state is gone.
     pub async fn delete_session(self: &Arc<Self>, id: &str) -> Result<(), (u16, String)> {
         if self.hints.function_of(id).is_none() {
