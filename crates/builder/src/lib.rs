@@ -124,8 +124,13 @@ pub fn build(store: &Store, dir: &Path, progress: &mut dyn FnMut(Progress)) -> R
 /// file (shared in the page cache) instead of compiling the module itself.
 fn compiled_module(store: &Store, code: &Path, manifest: &Manifest) -> Result<Entry> {
     let path = code.join(&manifest.handler);
-    let wasm = std::fs::read(&path)
-        .with_context(|| format!("handler {} is not a file in {}", manifest.handler, code.display()))?;
+    let wasm = std::fs::read(&path).with_context(|| {
+        format!(
+            "handler {} is not a file in {}",
+            manifest.handler,
+            code.display()
+        )
+    })?;
     let hook = match manifest.session.as_ref().map(|s| &s.key) {
         Some(skiff_manifest::SessionKey::Wasm(export)) => Some(export.as_str()),
         _ => None,
@@ -198,10 +203,7 @@ fn code_bytecode(store: &Store, code: &Path, code_entries: &[Entry]) -> Result<V
 
 /// The wasm runtime layer: skiff's own (static) executable as `/usr/bin/skiff`, which
 /// runs as `skiff worker` in the sandbox, so worker and daemon are the same build.
-fn worker_layer(
-    store: &Store,
-    progress: &mut dyn FnMut(Progress),
-) -> Result<(Vec<Entry>, bool)> {
+fn worker_layer(store: &Store, progress: &mut dyn FnMut(Progress)) -> Result<(Vec<Entry>, bool)> {
     let exe = std::env::current_exe().context("finding skiff's own executable")?;
     let meta = std::fs::metadata(&exe)?;
     let key = format!(

@@ -646,7 +646,13 @@ impl FnPool {
         let weak = Arc::downgrade(self);
         let engine_for_exit = engine.clone();
         let role = self.session.as_ref().map(|s| SessionRole {
-            primary: !self.state.lock().unwrap().instances.iter().any(|i| !i.is_dead()),
+            primary: !self
+                .state
+                .lock()
+                .unwrap()
+                .instances
+                .iter()
+                .any(|i| !i.is_dead()),
             dir: s.dir.clone(),
         });
         // A primary restores the session: not while an earlier one still checkpoints.
@@ -671,7 +677,10 @@ impl FnPool {
                     i.kill();
                     return Err("the function was redeployed or removed; retry".into());
                 }
-                if self.session.is_some() && !i.primary && !st.instances.iter().any(|j| j.primary && !j.is_dead()) {
+                if self.session.is_some()
+                    && !i.primary
+                    && !st.instances.iter().any(|j| j.primary && !j.is_dead())
+                {
                     i.kill();
                     return Err("the session's primary worker ended; retry".into());
                 }

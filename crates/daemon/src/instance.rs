@@ -152,8 +152,14 @@ fn argv(f: &Function, role: Option<&SessionRole>) -> Result<Vec<String>> {
             if let (Some(role), Some(session)) = (role, &f.session) {
                 let part = if role.primary { "primary" } else { "secondary" };
                 argv.extend(["--session".into(), part.into()]);
-                argv.extend(["--durability".into(), format!("{:?}", session.durability).to_lowercase()]);
-                argv.extend(["--locking".into(), format!("{:?}", session.locking).to_lowercase()]);
+                argv.extend([
+                    "--durability".into(),
+                    format!("{:?}", session.durability).to_lowercase(),
+                ]);
+                argv.extend([
+                    "--locking".into(),
+                    format!("{:?}", session.locking).to_lowercase(),
+                ]);
             }
             argv
         }
@@ -502,10 +508,22 @@ impl Instance {
                 logs: Vec::new(),
             },
         );
-        let frame = protocol::encode(&protocol::Control { op, id, found: false }, body);
+        let frame = protocol::encode(
+            &protocol::Control {
+                op,
+                id,
+                found: false,
+            },
+            body,
+        );
         let _ = self.writer.lock().await.write_all(&frame).await;
         match tokio::time::timeout(limit, rx).await {
-            Ok(Ok((Reply::Response { status: 200, body, .. }, _))) => Ok(body),
+            Ok(Ok((
+                Reply::Response {
+                    status: 200, body, ..
+                },
+                _,
+            ))) => Ok(body),
             Ok(Ok((Reply::Response { status, .. }, _))) => Err(format!("status {status}")),
             Ok(Ok((Reply::HandlerError(why, _) | Reply::Crashed(why), _))) => Err(why),
             Ok(Err(_)) => Err("the worker is gone".into()),

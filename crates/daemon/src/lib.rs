@@ -225,7 +225,10 @@ async fn list_sessions(State(e): State<Arc<Engine>>) -> impl IntoResponse {
 /// A session answer's body (JSON the worker made), or its error.
 fn session_answer(answer: Result<Vec<u8>, (u16, String)>) -> Result<impl IntoResponse, ApiError> {
     let body = answer.map_err(|(status, message)| {
-        ApiError(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), message)
+        ApiError(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            message,
+        )
     })?;
     Ok(([("content-type", "application/json")], body))
 }

@@ -146,13 +146,41 @@ impl Metrics {
         }
         let counter = |n: &AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
         for (name, kind, help, value) in [
-            ("skiff_sessions", "gauge", "Sessions with workers running.", sessions.0 as u64),
-            ("skiff_session_workers", "gauge", "Wasm workers of sessions, primaries and secondaries.", sessions.1 as u64),
-            ("skiff_sessions_opened_total", "counter", "Sessions started: new ones and restores from a checkpoint.", counter(&self.sessions_opened)),
-            ("skiff_session_checkpoints_total", "counter", "Session checkpoints written.", counter(&self.session_checkpoints)),
-            ("skiff_session_checkpoint_failures_total", "counter", "Session checkpoints that failed.", counter(&self.session_checkpoint_failures)),
+            (
+                "skiff_sessions",
+                "gauge",
+                "Sessions with workers running.",
+                sessions.0 as u64,
+            ),
+            (
+                "skiff_session_workers",
+                "gauge",
+                "Wasm workers of sessions, primaries and secondaries.",
+                sessions.1 as u64,
+            ),
+            (
+                "skiff_sessions_opened_total",
+                "counter",
+                "Sessions started: new ones and restores from a checkpoint.",
+                counter(&self.sessions_opened),
+            ),
+            (
+                "skiff_session_checkpoints_total",
+                "counter",
+                "Session checkpoints written.",
+                counter(&self.session_checkpoints),
+            ),
+            (
+                "skiff_session_checkpoint_failures_total",
+                "counter",
+                "Session checkpoints that failed.",
+                counter(&self.session_checkpoint_failures),
+            ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
         }
         out
     }

@@ -63,7 +63,8 @@ impl Sessions {
             }
         };
         let dir = data.join("sessions");
-        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
         Ok(Sessions { secret, dir })
     }
 
@@ -74,17 +75,26 @@ impl Sessions {
 
     /// The hint (and session address) of session `id`.
     pub fn hint(&self, id: &str) -> String {
-        format!("{id}{}", hex(&mac(&self.secret, &[b"hint", id.as_bytes()])[..16]))
+        format!(
+            "{id}{}",
+            hex(&mac(&self.secret, &[b"hint", id.as_bytes()])[..16])
+        )
     }
 
     /// The session a hint names, if the hint is one this node made.
     pub fn verify(&self, hint: &str) -> Option<String> {
         let (id, _) = hint.split_at_checked(32)?;
-        let valid = id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+        let valid = id
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
         // Compared in constant time: the tag is a secret until it is handed out.
         let expected = self.hint(id);
         let same = expected.len() == hint.len()
-            && expected.bytes().zip(hint.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+            && expected
+                .bytes()
+                .zip(hint.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
         (valid && same).then(|| id.to_owned())
     }
 
@@ -154,7 +164,10 @@ mod tests {
         let hint = sessions.hint(&id);
         assert_eq!(sessions.verify(&hint).as_deref(), Some(id.as_str()));
         // The same secret after a restart: hints stay valid.
-        assert_eq!(Sessions::open(&tmp).unwrap().verify(&hint).as_deref(), Some(id.as_str()));
+        assert_eq!(
+            Sessions::open(&tmp).unwrap().verify(&hint).as_deref(),
+            Some(id.as_str())
+        );
         let mut flipped = hint.clone().into_bytes();
         flipped[40] = if flipped[40] == b'0' { b'1' } else { b'0' };
         for forged in [

@@ -62,7 +62,8 @@ pub fn validate(wasm: &[u8], exports: &[&str]) -> Result<()> {
     }
     for name in exports {
         match module.get_export(name) {
-            Some(wasmtime::ExternType::Func(f)) if f.params().len() == 0 && f.results().len() == 0 => {}
+            Some(wasmtime::ExternType::Func(f))
+                if f.params().len() == 0 && f.results().len() == 0 => {}
             Some(_) => anyhow::bail!("the module's export `{name}` is not a function () -> ()"),
             None => anyhow::bail!("the module does not export `{name}`"),
         }
@@ -95,7 +96,12 @@ pub struct Sizing {
 
 /// Reads values other sessions published (the worker asks the daemon).
 pub trait Published: Send + Sync {
-    fn read(&self, address: &str, name: &str, deadline: Instant) -> Result<Option<Vec<u8>>, StateError>;
+    fn read(
+        &self,
+        address: &str,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Option<Vec<u8>>, StateError>;
 }
 
 /// What one request is given.
@@ -142,13 +148,23 @@ struct Ctx {
 }
 
 impl ResourceLimiter for Ctx {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         let ok = desired as u64 <= self.memory_bytes;
         self.memory_denied |= !ok;
         Ok(ok)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= 100_000)
     }
 }
@@ -180,15 +196,13 @@ impl Host {
             .instantiate_pre(&module)
             .map_err(|e| anyhow::anyhow!("{e:#}"))?;
         let ticker = engine.weak();
-        thread::Builder::new()
-            .name("epoch".into())
-            .spawn(move || {
-                while let Some(engine) = ticker.upgrade() {
-                    engine.increment_epoch();
-                    drop(engine);
-                    thread::sleep(EPOCH_TICK);
-                }
-            })?;
+        thread::Builder::new().name("epoch".into()).spawn(move || {
+            while let Some(engine) = ticker.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                thread::sleep(EPOCH_TICK);
+            }
+        })?;
         Ok(Host {
             has_initialize: module.get_export("_initialize").is_some(),
             engine,
@@ -264,12 +278,12 @@ impl Host {
 }
 
 /// The guest's memory as a slice, or `None` when `[ptr, ptr + len)` is outside it.
-fn guest<'a>(memory: &'a [u8], ptr: i32, len: i32) -> Option<&'a [u8]> {
+fn guest(memory: &[u8], ptr: i32, len: i32) -> Option<&[u8]> {
     let (ptr, len) = (usize::try_from(ptr).ok()?, usize::try_from(len).ok()?);
     memory.get(ptr..ptr.checked_add(len)?)
 }
 
-fn guest_mut<'a>(memory: &'a mut [u8], ptr: i32, len: i32) -> Option<&'a mut [u8]> {
+fn guest_mut(memory: &mut [u8], ptr: i32, len: i32) -> Option<&mut [u8]> {
     let (ptr, len) = (usize::try_from(ptr).ok()?, usize::try_from(len).ok()?);
     memory.get_mut(ptr..ptr.checked_add(len)?)
 }
@@ -363,7 +377,13 @@ fn add_imports(linker: &mut Linker<Ctx>) -> Result<()> {
     linker.func_wrap(
         "skiff",
         "read_state",
-        |mut caller: Caller<'_, Ctx>, key: i32, key_len: i32, buf: i32, buf_len: i32, m: i32| -> i32 {
+        |mut caller: Caller<'_, Ctx>,
+         key: i32,
+         key_len: i32,
+         buf: i32,
+         buf_len: i32,
+         m: i32|
+         -> i32 {
             let Some((memory, ctx)) = memory(&mut caller) else {
                 return code::BAD_ARGUMENT;
             };
@@ -379,13 +399,21 @@ fn add_imports(linker: &mut Linker<Ctx>) -> Result<()> {
     linker.func_wrap(
         "skiff",
         "write_state",
-        |mut caller: Caller<'_, Ctx>, key: i32, key_len: i32, val: i32, val_len: i32, m: i32| -> i32 {
+        |mut caller: Caller<'_, Ctx>,
+         key: i32,
+         key_len: i32,
+         val: i32,
+         val_len: i32,
+         m: i32|
+         -> i32 {
             let Some((memory, ctx)) = memory(&mut caller) else {
                 return code::BAD_ARGUMENT;
             };
-            let (Some(key), Some(value), Some(m)) =
-                (guest_key(memory, key, key_len), guest(memory, val, val_len), mode(m))
-            else {
+            let (Some(key), Some(value), Some(m)) = (
+                guest_key(memory, key, key_len),
+                guest(memory, val, val_len),
+                mode(m),
+            ) else {
                 return code::BAD_ARGUMENT;
             };
             match ctx.state.write(ctx.txn, &key, value, m, ctx.deadline) {
@@ -417,16 +445,21 @@ fn add_imports(linker: &mut Linker<Ctx>) -> Result<()> {
             let Some((memory, ctx)) = memory(&mut caller) else {
                 return code::BAD_ARGUMENT;
             };
-            let (Some(name), Some(value)) = (guest(memory, name, name_len), guest(memory, val, val_len)) else {
+            let (Some(name), Some(value)) =
+                (guest(memory, name, name_len), guest(memory, val, val_len))
+            else {
                 return code::BAD_ARGUMENT;
             };
             if name.len() > MAX_KEY {
                 return code::BAD_ARGUMENT;
             }
-            match ctx
-                .state
-                .write(ctx.txn, &published_key(name), value, Mode::Weak, ctx.deadline)
-            {
+            match ctx.state.write(
+                ctx.txn,
+                &published_key(name),
+                value,
+                Mode::Weak,
+                ctx.deadline,
+            ) {
                 Ok(()) => 0,
                 Err(e) => state_code(e),
             }
@@ -435,14 +468,24 @@ fn add_imports(linker: &mut Linker<Ctx>) -> Result<()> {
     linker.func_wrap(
         "skiff",
         "read_published",
-        |mut caller: Caller<'_, Ctx>, addr: i32, addr_len: i32, name: i32, name_len: i32, buf: i32, buf_len: i32| -> i32 {
+        |mut caller: Caller<'_, Ctx>,
+         addr: i32,
+         addr_len: i32,
+         name: i32,
+         name_len: i32,
+         buf: i32,
+         buf_len: i32|
+         -> i32 {
             let Some((memory, ctx)) = memory(&mut caller) else {
                 return code::BAD_ARGUMENT;
             };
-            let (Some(addr), Some(name)) = (guest(memory, addr, addr_len), guest(memory, name, name_len)) else {
+            let (Some(addr), Some(name)) =
+                (guest(memory, addr, addr_len), guest(memory, name, name_len))
+            else {
                 return code::BAD_ARGUMENT;
             };
-            let (Ok(addr), Ok(name)) = (std::str::from_utf8(addr), std::str::from_utf8(name)) else {
+            let (Ok(addr), Ok(name)) = (std::str::from_utf8(addr), std::str::from_utf8(name))
+            else {
                 return code::BAD_ARGUMENT;
             };
             let (addr, name) = (addr.to_owned(), name.to_owned());

@@ -79,7 +79,10 @@ impl Channel {
         let meta_len = u32::from_be_bytes(head[..4].try_into().unwrap()) as usize;
         let body_len = u32::from_be_bytes(head[4..].try_into().unwrap()) as usize;
         if meta_len + body_len > MAX_FRAME {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "frame too large"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "frame too large",
+            ));
         }
         let mut meta = vec![0; meta_len];
         reader.read_exact(&mut meta)?;

@@ -112,7 +112,8 @@ fn start(options: &Options, channel: &Arc<Channel>) -> Result<Worker> {
             let _ = std::fs::remove_file(&socket);
             let listener = UnixListener::bind(&socket)
                 .with_context(|| format!("listening on {}", socket.display()))?;
-            skiff_session::serve(opened.clone(), listener).context("serving the state to secondaries")?;
+            skiff_session::serve(opened.clone(), listener)
+                .context("serving the state to secondaries")?;
             space = Some(opened.clone());
             opened
         }
@@ -221,9 +222,13 @@ impl Worker {
                         input: body,
                         deadline: Instant::now() + limit,
                     };
-                    self.jobs.send(job).context("the request threads are gone")?;
+                    self.jobs
+                        .send(job)
+                        .context("the request threads are gone")?;
                 }
-                Some("fetched") => self.published.answer(incoming.id, incoming.found.then_some(body)),
+                Some("fetched") => self
+                    .published
+                    .answer(incoming.id, incoming.found.then_some(body)),
                 Some("checkpoint") => self.reply(channel, incoming.id, self.checkpoint()),
                 Some("dump") => self.reply(channel, incoming.id, self.dump()),
                 Some("get") => match self.space().map(|space| space.get(&body)) {
@@ -295,7 +300,9 @@ fn text(bytes: &[u8]) -> serde_json::Value {
     use base64::Engine as _;
     match std::str::from_utf8(bytes) {
         Ok(s) => s.into(),
-        Err(_) => serde_json::json!({ "base64": base64::engine::general_purpose::STANDARD.encode(bytes) }),
+        Err(_) => {
+            serde_json::json!({ "base64": base64::engine::general_purpose::STANDARD.encode(bytes) })
+        }
     }
 }
 
@@ -336,7 +343,12 @@ impl DaemonLinks {
 }
 
 impl Published for DaemonLinks {
-    fn read(&self, address: &str, name: &str, deadline: Instant) -> Result<Option<Vec<u8>>, StateError> {
+    fn read(
+        &self,
+        address: &str,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Option<Vec<u8>>, StateError> {
         let fetch = {
             let mut next = self.next.lock().unwrap();
             *next += 1;
@@ -344,7 +356,14 @@ impl Published for DaemonLinks {
         };
         let (tx, rx) = mpsc::channel();
         self.waiting.lock().unwrap().insert(fetch, tx);
-        self.channel.send(&Out::Fetch { fetch, address, name }, b"");
+        self.channel.send(
+            &Out::Fetch {
+                fetch,
+                address,
+                name,
+            },
+            b"",
+        );
         let got = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
         self.waiting.lock().unwrap().remove(&fetch);
         got.map_err(|_| StateError::Unavailable("the publisher did not answer in time".into()))

@@ -29,14 +29,18 @@ impl RedisState {
         } else {
             format!("redis://{address}")
         };
-        let client = redis::Client::open(url.as_str()).with_context(|| format!("redis at {url}"))?;
+        let client =
+            redis::Client::open(url.as_str()).with_context(|| format!("redis at {url}"))?;
         client
             .get_connection()
             .with_context(|| format!("connecting to redis at {url}"))?;
         Ok(RedisState { client })
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>) -> Result<T, Error> {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
         CONNECTION.with(|slot| {
             let mut slot = slot.borrow_mut();
             if slot.is_none() {
@@ -57,7 +61,13 @@ fn unavailable(e: redis::RedisError) -> Error {
 }
 
 impl State for RedisState {
-    fn read(&self, _txn: u64, key: &[u8], mode: Mode, _: Instant) -> Result<Option<Vec<u8>>, Error> {
+    fn read(
+        &self,
+        _txn: u64,
+        key: &[u8],
+        mode: Mode,
+        _: Instant,
+    ) -> Result<Option<Vec<u8>>, Error> {
         self.with(|c| {
             if mode == Mode::Strong {
                 redis::cmd("WATCH").arg(key).exec(c)?;
@@ -67,15 +77,26 @@ impl State for RedisState {
         })
     }
 
-    fn write(&self, _txn: u64, key: &[u8], value: &[u8], mode: Mode, _: Instant) -> Result<(), Error> {
+    fn write(
+        &self,
+        _txn: u64,
+        key: &[u8],
+        value: &[u8],
+        mode: Mode,
+        _: Instant,
+    ) -> Result<(), Error> {
         let committed: bool = self.with(|c| match mode {
             Mode::Weak => redis::cmd("SET").arg(key).arg(value).exec(c).map(|()| true),
             Mode::Strong => {
                 // EXEC answers nil when a watched key changed.
                 // EXEC ends the WATCH either way.
                 WATCHING.set(false);
-                let done: Option<Vec<redis::Value>> =
-                    redis::pipe().atomic().cmd("SET").arg(key).arg(value).query(c)?;
+                let done: Option<Vec<redis::Value>> = redis::pipe()
+                    .atomic()
+                    .cmd("SET")
+                    .arg(key)
+                    .arg(value)
+                    .query(c)?;
                 Ok(done.is_some())
             }
         })?;

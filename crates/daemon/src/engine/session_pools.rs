@@ -51,7 +51,10 @@ impl FnPool {
 
     fn primary(&self) -> Option<Arc<crate::instance::Instance>> {
         let st = self.state.lock().unwrap();
-        st.instances.iter().find(|i| i.primary && !i.is_dead()).cloned()
+        st.instances
+            .iter()
+            .find(|i| i.primary && !i.is_dead())
+            .cloned()
     }
 }
 
@@ -88,14 +91,23 @@ impl Engine {
 
     /// The session a request names: by its hint (which must be genuine and of this
     /// function), else by the key the function's rule finds in it.
-    async fn session_of(self: &Arc<Self>, fp: &Arc<FnPool>, request: &Request) -> Result<String, Response> {
+    async fn session_of(
+        self: &Arc<Self>,
+        fp: &Arc<FnPool>,
+        request: &Request,
+    ) -> Result<String, Response> {
         let name = &fp.function.name;
-        let from_key = match self.session_key(fp, request).await? {
-            Some(key) => Some(self.hints.id(name, &key)),
-            None => None,
-        };
+        let from_key = self
+            .session_key(fp, request)
+            .await?
+            .map(|key| self.hints.id(name, &key));
         let Some(hint) = request.headers.get(SESSION_HEADER) else {
-            let rule = &fp.function.session.as_ref().expect("a session function").key;
+            let rule = &fp
+                .function
+                .session
+                .as_ref()
+                .expect("a session function")
+                .key;
             return from_key.ok_or_else(|| {
                 refuse(
                     400,
@@ -103,10 +115,18 @@ impl Engine {
                 )
             });
         };
-        let forged = || refuse(403, format!("the {SESSION_HEADER} hint is not valid for {name}"));
+        let forged = || {
+            refuse(
+                403,
+                format!("the {SESSION_HEADER} hint is not valid for {name}"),
+            )
+        };
         let id = self.hints.verify(hint).ok_or_else(forged)?;
         if from_key.as_ref().is_some_and(|k| *k != id) {
-            return Err(refuse(403, format!("the {SESSION_HEADER} hint names another session than the request's key")));
+            return Err(refuse(
+                403,
+                format!("the {SESSION_HEADER} hint names another session than the request's key"),
+            ));
         }
         match self.hints.function_of(&id) {
             Some(owner) if owner != *name => Err(forged()),
@@ -115,10 +135,22 @@ impl Engine {
     }
 
     /// The request's session key by the function's rule; `None` when it has none.
-    async fn session_key(self: &Arc<Self>, fp: &Arc<FnPool>, request: &Request) -> Result<Option<Vec<u8>>, Response> {
-        let rule = &fp.function.session.as_ref().expect("a session function").key;
+    async fn session_key(
+        self: &Arc<Self>,
+        fp: &Arc<FnPool>,
+        request: &Request,
+    ) -> Result<Option<Vec<u8>>, Response> {
+        let rule = &fp
+            .function
+            .session
+            .as_ref()
+            .expect("a session function")
+            .key;
         Ok(match rule {
-            SessionKey::Header(h) => request.headers.get(&h.to_ascii_lowercase()).map(|v| v.as_bytes().to_vec()),
+            SessionKey::Header(h) => request
+                .headers
+                .get(&h.to_ascii_lowercase())
+                .map(|v| v.as_bytes().to_vec()),
             SessionKey::Query(q) => request
                 .query
                 .split('&')
@@ -134,11 +166,19 @@ impl Engine {
                 }),
             SessionKey::Wasm(export) => {
                 // The hook runs like any request of the function, outside any session.
-                let mut record = Record::new(crate::invocations::new_id(), &fp.function.name, false);
-                let answer = self.invoke_instance(fp, request, &mut record, Some(export)).await;
+                let mut record =
+                    Record::new(crate::invocations::new_id(), &fp.function.name, false);
+                let answer = self
+                    .invoke_instance(fp, request, &mut record, Some(export))
+                    .await;
                 if answer.status != 200 {
-                    let why = answer.error.unwrap_or_else(|| format!("status {}", answer.status));
-                    return Err(refuse(answer.status.max(500), format!("the session hook {export} failed: {why}")));
+                    let why = answer
+                        .error
+                        .unwrap_or_else(|| format!("status {}", answer.status));
+                    return Err(refuse(
+                        answer.status.max(500),
+                        format!("the session hook {export} failed: {why}"),
+                    ));
                 }
                 (!answer.body.is_empty()).then_some(answer.body)
             }
@@ -185,7 +225,8 @@ impl Engine {
                     && st.starting == 0
                     && st.waiters.is_empty()
                     && st.instances.iter().all(|i| {
-                        i.inflight.load(Ordering::Relaxed) == 0 && i.last_used.lock().unwrap().elapsed() > keep
+                        i.inflight.load(Ordering::Relaxed) == 0
+                            && i.last_used.lock().unwrap().elapsed() > keep
                     });
                 // Retired under the same lock: no call can slip in before the close.
                 st.retired |= idle;
@@ -221,12 +262,23 @@ impl Engine {
         let mut result = Ok(());
         if checkpoint {
             if let Some(primary) = pool.primary() {
-                result = primary.control("checkpoint", b"", CONTROL_LIMIT).await.map(|_| ());
+                result = primary
+                    .control("checkpoint", b"", CONTROL_LIMIT)
+                    .await
+                    .map(|_| ());
                 match &result {
-                    Ok(()) => self.metrics.session_checkpoints.fetch_add(1, Ordering::Relaxed),
+                    Ok(()) => self
+                        .metrics
+                        .session_checkpoints
+                        .fetch_add(1, Ordering::Relaxed),
                     Err(e) => {
-                        eprintln!("skiff: warning: checkpoint of session {} failed: {e}", session.id);
-                        self.metrics.session_checkpoint_failures.fetch_add(1, Ordering::Relaxed)
+                        eprintln!(
+                            "skiff: warning: checkpoint of session {} failed: {e}",
+                            session.id
+                        );
+                        self.metrics
+                            .session_checkpoint_failures
+                            .fetch_add(1, Ordering::Relaxed)
                     }
                 };
             }
@@ -235,11 +287,16 @@ impl Engine {
         for i in &instances {
             i.kill();
         }
-        while began.elapsed() < CLOSE_WAIT + Duration::from_secs(5) && !pool.state.lock().unwrap().instances.is_empty() {
+        while began.elapsed() < CLOSE_WAIT + Duration::from_secs(5)
+            && !pool.state.lock().unwrap().instances.is_empty()
+        {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let mut sessions = self.sessions.lock().unwrap();
-        if sessions.get(&session.id).is_some_and(|p| Arc::ptr_eq(p, pool)) {
+        if sessions
+            .get(&session.id)
+            .is_some_and(|p| Arc::ptr_eq(p, pool))
+        {
             sessions.remove(&session.id);
         }
         result
@@ -324,7 +381,10 @@ impl Engine {
                         let st: &State = &pool.state.lock().unwrap();
                         (
                             st.instances.len(),
-                            st.instances.iter().map(|i| i.inflight.load(Ordering::Relaxed)).sum(),
+                            st.instances
+                                .iter()
+                                .map(|i| i.inflight.load(Ordering::Relaxed))
+                                .sum(),
                             st.instances
                                 .iter()
                                 .map(|i| i.last_used.lock().unwrap().elapsed().as_millis() as u64)
@@ -348,30 +408,46 @@ impl Engine {
     /// Live sessions and their workers, for `/metrics`.
     pub fn session_gauges(&self) -> (usize, usize) {
         let sessions = self.sessions.lock().unwrap();
-        let workers = sessions.values().map(|p| p.state.lock().unwrap().instances.len()).sum();
+        let workers = sessions
+            .values()
+            .map(|p| p.state.lock().unwrap().instances.len())
+            .sum();
         (sessions.len(), workers)
     }
 
     /// The running primary of session `id`, started (restored) if needed, with a lease
     /// that keeps the session open while an operator looks at it.
-    async fn open_primary(self: &Arc<Self>, id: &str) -> Result<(super::Lease, Arc<crate::instance::Instance>), (u16, String)> {
+    async fn open_primary(
+        self: &Arc<Self>,
+        id: &str,
+    ) -> Result<(super::Lease, Arc<crate::instance::Instance>), (u16, String)> {
         let function = self
             .hints
             .function_of(id)
             .ok_or_else(|| (404, format!("no session {id}")))?;
-        let fp = self
-            .function(&function)
-            .ok_or_else(|| (404, format!("session {id}'s function {function} is not deployed")))?;
-        let pool = self.session_pool(&fp, id).map_err(|e| (500, format!("{e:#}")))?;
+        let fp = self.function(&function).ok_or_else(|| {
+            (
+                404,
+                format!("session {id}'s function {function} is not deployed"),
+            )
+        })?;
+        let pool = self
+            .session_pool(&fp, id)
+            .map_err(|e| (500, format!("{e:#}")))?;
         let lease = self.acquire(&pool).await?;
-        let primary = pool.primary().ok_or_else(|| (503, "the session's primary ended".to_string()))?;
+        let primary = pool
+            .primary()
+            .ok_or_else(|| (503, "the session's primary ended".to_string()))?;
         Ok((lease, primary))
     }
 
     /// An operator's look at a session's state (restoring it if needed).
     pub async fn session_state(self: &Arc<Self>, id: &str) -> Result<Vec<u8>, (u16, String)> {
         let (lease, primary) = self.open_primary(id).await?;
-        let dump = primary.control("dump", b"", CONTROL_LIMIT).await.map_err(|e| (500, e));
+        let dump = primary
+            .control("dump", b"", CONTROL_LIMIT)
+            .await
+            .map_err(|e| (500, e));
         drop(lease);
         dump
     }
@@ -379,9 +455,14 @@ impl Engine {
     /// Checkpoints a session now; its answer says what was written.
     pub async fn checkpoint_session(self: &Arc<Self>, id: &str) -> Result<Vec<u8>, (u16, String)> {
         let (lease, primary) = self.open_primary(id).await?;
-        let done = primary.control("checkpoint", b"", CONTROL_LIMIT).await.map_err(|e| (500, e));
+        let done = primary
+            .control("checkpoint", b"", CONTROL_LIMIT)
+            .await
+            .map_err(|e| (500, e));
         if done.is_ok() {
-            self.metrics.session_checkpoints.fetch_add(1, Ordering::Relaxed);
+            self.metrics
+                .session_checkpoints
+                .fetch_add(1, Ordering::Relaxed);
         }
         drop(lease);
         done
@@ -413,6 +494,7 @@ impl Engine {
             Some(g) => Some(g.lock().await),
             None => None,
         };
-        std::fs::remove_dir_all(self.hints.dir(id)).map_err(|e| (500, format!("removing the session's files: {e}")))
+        std::fs::remove_dir_all(self.hints.dir(id))
+            .map_err(|e| (500, format!("removing the session's files: {e}")))
     }
 }
