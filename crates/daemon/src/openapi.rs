@@ -3,7 +3,11 @@
 use serde_json::{json, Value};
 
 fn name_param() -> Value {
-    json!({ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } })
+    path_param("name")
+}
+
+fn path_param(name: &str) -> Value {
+    json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string" } })
 }
 
 fn json_of(schema: &str) -> Value {
@@ -69,8 +73,27 @@ pub fn document() -> Value {
                 }
             },
             "/v1/invocations/{id}": {
-                "parameters": [{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }],
+                "parameters": [path_param("id")],
                 "get": { "summary": "One invocation's record (an async one with its result)", "responses": { "200": { "description": "the record", "content": json_of("Invocation") }, "404": error } }
+            },
+            "/v1/sessions": {
+                "get": { "summary": "Sessions, live or checkpointed: id, function, workers, in flight, idle, bytes on disk", "responses": { "200": { "description": "the sessions" } } }
+            },
+            "/v1/sessions/{id}": {
+                "parameters": [path_param("id")],
+                "delete": { "summary": "End a session and delete its state", "responses": { "204": { "description": "deleted" }, "404": error } }
+            },
+            "/v1/sessions/{id}/state": {
+                "parameters": [path_param("id")],
+                "get": { "summary": "The session's keys and values (restored if needed)", "responses": { "200": { "description": "[{key, value, bytes}]" }, "404": error } }
+            },
+            "/v1/sessions/{id}/checkpoint": {
+                "parameters": [path_param("id")],
+                "post": { "summary": "Write the session's checkpoint now", "responses": { "200": { "description": "{keys, bytes, ms}" }, "404": error } }
+            },
+            "/v1/sessions/{id}/close": {
+                "parameters": [path_param("id")],
+                "post": { "summary": "Checkpoint the session and end its workers; the next request restores it", "responses": { "204": { "description": "closed" }, "404": error } }
             },
             "/fn/{name}": invoke_ops,
             "/fn/{name}/{path}": invoke_ops,
