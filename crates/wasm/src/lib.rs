@@ -251,8 +251,14 @@ impl Host {
                 )
             } else if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
                 "the request ran past its time limit".to_owned()
+            } else if let Some(trap) = e.downcast_ref::<Trap>() {
+                // The reason first; where it happened after.
+                match e.downcast_ref::<wasmtime::WasmBacktrace>() {
+                    Some(trace) => format!("{trap}\n{trace}"),
+                    None => trap.to_string(),
+                }
             } else {
-                format!("{e:?}")
+                format!("{e:#}")
             }
         });
         Outcome {
