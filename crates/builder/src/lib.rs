@@ -204,11 +204,13 @@ fn code_bytecode(store: &Store, code: &Path, code_entries: &[Entry]) -> Result<V
 /// The wasm runtime layer: skiff's own (static) executable as `/usr/bin/skiff`, which
 /// runs as `skiff worker` in the sandbox, so worker and daemon are the same build.
 fn worker_layer(store: &Store, progress: &mut dyn FnMut(Progress)) -> Result<(Vec<Entry>, bool)> {
-    let exe = std::env::current_exe().context("finding skiff's own executable")?;
-    let meta = std::fs::metadata(&exe)?;
+    // The running executable itself, even when its file was replaced since it started
+    // (an upgrade, a rebuild): the worker must be the daemon's own build.
+    let exe = Path::new("/proc/self/exe");
+    let meta = std::fs::metadata(exe).context("finding skiff's own executable")?;
     let key = format!(
         "wasm {} {} {}",
-        exe.display(),
+        std::os::unix::fs::MetadataExt::ino(&meta),
         meta.len(),
         std::os::unix::fs::MetadataExt::mtime(&meta)
     );
@@ -217,7 +219,7 @@ fn worker_layer(store: &Store, progress: &mut dyn FnMut(Progress)) -> Result<(Ve
         return Ok((store.record(&id)?.entries, true));
     }
     progress(Progress::Step("runtime wasm (once)"));
-    let entries = vec![store.put_file(&exe, "usr/bin/skiff")?];
+    let entries = vec![store.put_file(exe, "usr/bin/skiff")?];
     store.build_env(&id, &id, &entries)?;
     Ok((entries, false))
 }

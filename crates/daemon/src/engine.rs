@@ -155,6 +155,11 @@ pub struct InstanceInfo {
     pub init_ms: f64,
     pub memory_bytes: u64,
     pub started: String,
+    /// A session's worker: the session's id, and whether it is its primary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
 }
 
 impl Engine {
@@ -253,7 +258,8 @@ impl Engine {
 
     pub fn instances(&self) -> Vec<InstanceInfo> {
         let mut all = Vec::new();
-        for fp in self.pools() {
+        let sessions: Vec<_> = self.sessions.lock().unwrap().values().cloned().collect();
+        for fp in self.pools().into_iter().chain(sessions) {
             for i in fp.state.lock().unwrap().instances.iter() {
                 all.push(InstanceInfo {
                     id: i.id.clone(),
@@ -266,6 +272,16 @@ impl Engine {
                     init_ms: i.init.as_secs_f64() * 1e3,
                     memory_bytes: i.memory_bytes(self),
                     started: humantime::format_rfc3339_millis(i.started).to_string(),
+                    session: fp.session.as_ref().map(|s| s.id.clone()),
+                    role: fp.session.as_ref().map(
+                        |_| {
+                            if i.primary {
+                                "primary"
+                            } else {
+                                "secondary"
+                            }
+                        },
+                    ),
                 });
             }
         }
