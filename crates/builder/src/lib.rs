@@ -136,9 +136,8 @@ fn compiled_module(store: &Store, code: &Path, manifest: &Manifest) -> Result<En
         _ => None,
     };
     let exports: Vec<&str> = std::iter::once("handle").chain(hook).collect();
-    skiff_wasm::validate(&wasm, &exports)
+    let compiled = skiff_wasm::compile(&wasm, &exports)
         .with_context(|| format!("handler {}", manifest.handler))?;
-    let compiled = skiff_wasm::precompile(&wasm)?;
     store.put_reader(
         &mut compiled.as_slice(),
         &format!("{CODE_DIR}/{}", compiled_name(&manifest.handler)),

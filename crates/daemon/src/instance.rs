@@ -442,19 +442,25 @@ impl Instance {
         }
     }
 
-    /// Sends one invocation and waits for its reply, at most `call.timeout`; `None`
-    /// when the time ran out (the caller kills the instance).
-    pub async fn call(&self, call: &Call<'_>) -> Option<(Reply, Vec<String>)> {
+    /// A new call id, and where its reply (with the logs of `request_id`) will arrive.
+    fn expect_reply(&self, request_id: &str) -> (u64, oneshot::Receiver<(Reply, Vec<String>)>) {
         let id = self.next_call.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().unwrap().insert(
             id,
             Pending {
                 reply: tx,
-                request_id: call.request_id.to_owned(),
+                request_id: request_id.to_owned(),
                 logs: Vec::new(),
             },
         );
+        (id, rx)
+    }
+
+    /// Sends one invocation and waits for its reply, at most `call.timeout`; `None`
+    /// when the time ran out (the caller kills the instance).
+    pub async fn call(&self, call: &Call<'_>) -> Option<(Reply, Vec<String>)> {
+        let (id, rx) = self.expect_reply(call.request_id);
         if self.dead.load(Ordering::SeqCst) {
             self.pending.lock().unwrap().remove(&id);
             return Some((Reply::Crashed("the instance is gone".into()), Vec::new()));
@@ -498,16 +504,7 @@ impl Instance {
     /// Sends a control operation to a wasm worker and waits (up to `limit`) for its
     /// answer: `Ok(body)`, or `Err(why)`.
     pub async fn control(&self, op: &str, body: &[u8], limit: Duration) -> Result<Vec<u8>, String> {
-        let id = self.next_call.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.pending.lock().unwrap().insert(
-            id,
-            Pending {
-                reply: tx,
-                request_id: String::new(),
-                logs: Vec::new(),
-            },
-        );
+        let (id, rx) = self.expect_reply("");
         let frame = protocol::encode(
             &protocol::Control {
                 op,

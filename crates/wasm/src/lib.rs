@@ -45,21 +45,12 @@ fn base_config() -> Config {
     config
 }
 
-/// Compiles a module ahead of time (at deploy); the result is what [`Host::load`] maps.
-pub fn precompile(wasm: &[u8]) -> Result<Vec<u8>> {
+/// Compiles a module ahead of time (at deploy), checking that skiff can serve it: it
+/// compiles, exports `memory` and every function named in `exports` as `() -> ()`, and
+/// imports only WASI preview 1 and skiff's API (the error says what is wrong). The
+/// result is what [`Host::load`] maps.
+pub fn compile(wasm: &[u8], exports: &[&str]) -> Result<Vec<u8>> {
     let engine = Engine::new(&base_config())?;
-    Ok(engine.precompile_module(wasm)?)
-}
-
-/// Checks that `wasm` is a module skiff can serve: it compiles, exports `memory` and
-/// every function named in `exports` as `() -> ()`, and imports only WASI preview 1 and
-/// skiff's API. The error says what is wrong.
-pub fn validate(wasm: &[u8], exports: &[&str]) -> Result<()> {
-    // Only the checks matter here, not the code: deploy compiles again with
-    // [`precompile`], so this compile skips cranelift's optimizations.
-    let mut config = base_config();
-    config.cranelift_opt_level(wasmtime::OptLevel::None);
-    let engine = Engine::new(&config)?;
     let module = Module::new(&engine, wasm).map_err(|e| anyhow::anyhow!("{e:#}"))?;
     if module.get_export("memory").is_none() {
         anyhow::bail!("the module does not export `memory`");
@@ -86,7 +77,7 @@ pub fn validate(wasm: &[u8], exports: &[&str]) -> Result<()> {
     linker
         .instantiate_pre(&module)
         .map_err(|e| anyhow::anyhow!("{e:#}"))?;
-    Ok(())
+    Ok(module.serialize()?)
 }
 
 /// How many requests run at once and what each may use.

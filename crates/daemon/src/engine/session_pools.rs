@@ -36,6 +36,11 @@ fn refuse(status: u16, message: String) -> Response {
 }
 
 impl FnPool {
+    /// The function's `session:` (only session functions come here).
+    fn session_config(&self) -> &crate::registry::Session {
+        self.function.session.as_ref().expect("a session function")
+    }
+
     fn for_session(function: &crate::registry::Function, session: SessionPool) -> Arc<FnPool> {
         let mut function = function.clone();
         let config = function.session.as_ref().expect("a session function");
@@ -102,12 +107,7 @@ impl Engine {
             .await?
             .map(|key| self.hints.id(name, &key));
         let Some(hint) = request.headers.get(SESSION_HEADER) else {
-            let rule = &fp
-                .function
-                .session
-                .as_ref()
-                .expect("a session function")
-                .key;
+            let rule = &fp.session_config().key;
             return from_key.ok_or_else(|| {
                 refuse(
                     400,
@@ -140,13 +140,7 @@ impl Engine {
         fp: &Arc<FnPool>,
         request: &Request,
     ) -> Result<Option<Vec<u8>>, Response> {
-        let rule = &fp
-            .function
-            .session
-            .as_ref()
-            .expect("a session function")
-            .key;
-        Ok(match rule {
+        Ok(match &fp.session_config().key {
             SessionKey::Header(h) => request
                 .headers
                 .get(&h.to_ascii_lowercase())
