@@ -407,7 +407,7 @@ impl Engine {
                     i.inflight.fetch_add(1, Ordering::Relaxed);
                     return Ok(Lease::new(fp, self, i));
                 }
-                if fp.may_start(&st) {
+                if fp.may_start(&st) && st.waiters.len() >= fp.room_coming(&st) {
                     st.starting += 1;
                     None
                 } else if st.waiters.len() < fp.function.scale.queue as usize {
@@ -641,6 +641,15 @@ impl FnPool {
         open.max_by_key(|i| *i.last_used.lock().unwrap()).cloned()
     }
 
+    /// Calls the instances starting now will take besides the ones they start for: a
+    /// request that fits there waits for them rather than starting one more (with
+    /// `concurrency` above 1, a burst would otherwise start an instance per request).
+    fn room_coming(&self, st: &State) -> usize {
+        let per_instance = self.function.scale.concurrency.max(1) as usize;
+        let for_callers = st.starting - st.starting_for_queue;
+        for_callers * (per_instance - 1) + st.starting_for_queue * per_instance
+    }
+
     /// Whether another instance may start now: below `max_instances`, and in a session
     /// only once its primary is up (secondaries need it).
     fn may_start(&self, st: &State) -> bool {
@@ -750,13 +759,7 @@ impl FnPool {
             }
         }
         st.waiters.retain(|w| !w.is_closed());
-        let per_instance = self.function.scale.concurrency.max(1) as usize;
-        let max = self.function.scale.max_instances as usize;
-        while !st.retired
-            && st.waiters.len() > st.starting_for_queue * per_instance
-            && st.instances.len() + st.starting < max
-            && self.may_start(st)
-        {
+        while !st.retired && st.waiters.len() > self.room_coming(st) && self.may_start(st) {
             self.start_in_background(engine, st);
         }
     }

@@ -167,6 +167,18 @@ fn argv(f: &Function, role: Option<&SessionRole>) -> Result<Vec<String>> {
     })
 }
 
+/// Threads a wasm worker needs beyond `limits.pids` (guests cannot make any): one per
+/// request it runs, and in a session's primary one per connection from a secondary's
+/// request in flight, plus a few of its own.
+fn platform_threads(f: &Function) -> u64 {
+    if f.runtime != Runtime::Wasm {
+        return 0;
+    }
+    let per_worker = u64::from(f.scale.concurrency.max(1)) + 1;
+    let workers = u64::from(f.scale.max_instances.max(1)) + 1;
+    workers * per_worker + 8
+}
+
 /// Linear memory each wasm request may use: half the worker's memory limit, shared by
 /// its instances (plus one for hooks), so one greedy request cannot get the worker (and
 /// its session's state) killed by the kernel.
@@ -184,7 +196,7 @@ fn spawn_sandbox(
     let limits = Limits {
         memory_bytes: f.memory_bytes,
         cpus: f.cpus,
-        pids: f.pids,
+        pids: f.pids + platform_threads(f),
     };
     let (slot, entry) = engine.cgroups.acquire(id, &limits)?;
     let netns = match f.network {
