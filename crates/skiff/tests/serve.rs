@@ -8,48 +8,19 @@ mod common;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use common::{pid_alive, stderr, stdout, wait_gone, Data, SKIFF};
-
-/// How long any one HTTP exchange with the daemon may take before the test gives up.
-const IO_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// An HTTP response as the tests read it.
-#[derive(Debug)]
-struct Response {
-    status: u16,
-    /// Names in lower case.
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
+use common::daemon::{
+    assert_nothing_left, deploy, exchange, fixture, http, request_bytes, wait_for, Daemon,
+    Response, IO_TIMEOUT,
+};
+use common::{pid_alive, stderr, stdout, wait_gone, Data};
 
 impl Response {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "HTTP {}: the body is not JSON ({e}): {}",
-                self.status,
-                self.text()
-            )
-        })
-    }
-
     /// The message of a JSON error answer, `{"error": "..."}`, checked to be one.
     fn error(&self) -> String {
         assert_eq!(
@@ -67,170 +38,11 @@ impl Response {
     }
 }
 
-fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    let mut bytes = head.into_bytes();
-    bytes.extend_from_slice(body);
-    bytes
-}
-
-/// Sends `request` and reads the whole answer. The request is written on its own
-/// thread: a server refusing a large body answers (and closes) before reading it all.
-fn exchange(
-    mut reader: impl Read,
-    mut writer: impl Write + Send,
-    request: &[u8],
-) -> std::io::Result<Response> {
-    let mut raw = Vec::new();
-    let read = std::thread::scope(|s| {
-        s.spawn(move || {
-            let _ = writer.write_all(request);
-        });
-        reader.read_to_end(&mut raw)
-    });
-    // A reset after the answer (the unread rest of a refused body) is no failure.
-    match parse_response(&raw) {
-        Some(response) => Ok(response),
-        None => Err(read.err().unwrap_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("no HTTP response: {:?}", String::from_utf8_lossy(&raw)),
-            )
-        })),
-    }
-}
-
-fn parse_response(raw: &[u8]) -> Option<Response> {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&raw[..split]).ok()?;
-    let mut lines = head.split("\r\n");
-    let status = lines.next()?.get(9..12)?.parse().ok()?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let mut body = raw[split + 4..].to_vec();
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
-    if chunked {
-        body = dechunk(&body)?;
-    } else if let Some(len) = headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .and_then(|(_, v)| v.parse::<usize>().ok())
-    {
-        if body.len() < len {
-            return None;
-        }
-    }
-    Some(Response {
-        status,
-        headers,
-        body,
-    })
-}
-
-fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let eol = data.windows(2).position(|w| w == b"\r\n")?;
-        let size = std::str::from_utf8(&data[..eol]).ok()?;
-        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
-        if size == 0 {
-            return Some(out);
-        }
-        let chunk = data.get(eol + 2..eol + 2 + size)?;
-        out.extend_from_slice(chunk);
-        data = data.get(eol + 4 + size..)?;
-    }
-}
-
-fn tcp_exchange(
-    port: u16,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> std::io::Result<Response> {
-    let stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let writer = stream.try_clone()?;
-    exchange(stream, writer, &request_bytes(method, path, headers, body))
-}
-
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    port: u16,
-}
-
 impl Daemon {
-    fn start(data: &Data) -> Daemon {
-        Daemon::start_with(data, &[])
-    }
-
-    /// With more `skiff serve` flags.
-    fn start_with(data: &Data, flags: &[&str]) -> Daemon {
-        let socket = data.dir.join("skiff.sock");
-        // A free port: bind to port 0, note it, let it go.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(SKIFF)
-            .arg("--data")
-            .arg(&data.dir)
-            .arg("--socket")
-            .arg(&socket)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(flags)
-            .spawn()
-            .unwrap();
-        let daemon = Daemon {
-            child,
-            socket,
-            port,
-        };
-        // It listens on the socket first, then on TCP.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&daemon.socket).is_err()
-            || std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
-        {
-            assert!(Instant::now() < deadline, "skiff serve did not come up");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        daemon
-    }
-
-    fn cli(&self, data: &Data, args: &[&str]) -> Output {
-        data.cmd()
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
     /// A raw HTTP/1.1 request over TCP: (status, body).
     fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
         let r = self.request(method, path, &[], body.as_bytes());
         (r.status, r.text())
-    }
-
-    /// A raw HTTP/1.1 request over TCP.
-    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
-        tcp_exchange(self.port, method, path, headers, body)
-            .unwrap_or_else(|e| panic!("{method} {path} over TCP: {e}"))
     }
 
     /// A raw HTTP/1.1 request over the Unix socket.
@@ -247,10 +59,6 @@ impl Daemon {
         let writer = stream.try_clone().unwrap();
         exchange(stream, writer, &request_bytes(method, path, headers, body))
             .unwrap_or_else(|e| panic!("{method} {path} over the Unix socket: {e}"))
-    }
-
-    fn get(&self, path: &str) -> Response {
-        self.request("GET", path, &[], b"")
     }
 
     /// `GET /v1/instances`, only those of `function`.
@@ -278,88 +86,9 @@ impl Daemon {
     }
 
     /// Stops the daemon as an operator does (SIGTERM) and checks that it exits cleanly.
-    fn stop(mut self) {
-        // SAFETY: plain kill(2) on our own child, not yet reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "skiff serve did not stop within 15 s of SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(
-            status.success(),
-            "skiff serve ended with {status} on SIGTERM"
-        );
+    fn stop(self) {
+        self.stop_within(Duration::from_secs(15));
     }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // A test that failed half-way: SIGTERM first, so the daemon ends its instances
-        // and frees their slots, then SIGKILL if it does not stop.
-        if let Ok(None) = self.child.try_wait() {
-            // SAFETY: plain kill(2) on our own child, not yet reaped.
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Once the daemon has stopped: no slot claimed, nothing in the pool's cgroups, no skiff
-/// process on the data directory. (The pool's own mounts, its /dev template and run
-/// directory, stay until `gc --pools`: `Data`'s drop checks those.)
-fn assert_nothing_left(data: &Data) {
-    assert_eq!(
-        data.slots_in_use(),
-        0,
-        "cgroup slots are still claimed after the daemon stopped"
-    );
-    assert_eq!(
-        data.pool_processes(),
-        Vec::<i32>::new(),
-        "processes left in the pool's cgroups"
-    );
-    assert_eq!(
-        data.skiff_processes(),
-        Vec::<(i32, String)>::new(),
-        "skiff processes left on the data directory"
-    );
-}
-
-/// Polls `f` every 50 ms until it returns something, at most `timeout`.
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A function directory in tests/functions.
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/functions")
-        .join(name)
-}
-
-/// `skiff deploy` of a fixture, which must succeed.
-fn deploy(daemon: &Daemon, data: &Data, name: &str) {
-    let out = daemon.cli(data, &["deploy", fixture(name).to_str().unwrap()]);
-    assert!(out.status.success(), "deploy {name}: {}", stderr(&out));
 }
 
 /// A tar of a directory, as `POST /v1/functions` takes it.
@@ -1293,7 +1022,7 @@ fn a_daemon_killed_under_load_leaves_nothing_and_resumes_async_work() {
                     };
                     let mut statuses = Vec::new();
                     while !stop.load(Ordering::Relaxed) {
-                        match tcp_exchange(port, "POST", path, &[], b"{}") {
+                        match http(port, "POST", path, &[], b"{}") {
                             Ok(r) => statuses.push(r.status),
                             // The daemon is gone.
                             Err(_) => break,

@@ -11,6 +11,8 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod daemon;
+
 pub const SKIFF: &str = env!("CARGO_BIN_EXE_skiff");
 
 const APPLETS: &[&str] = &[
