@@ -51,7 +51,7 @@ pub(crate) const CPU_PERIOD_US: u64 = 100_000;
 pub struct Entry {
     /// A cgroup v2 directory for `clone3(CLONE_INTO_CGROUP)`.
     pub clone_into: Option<OwnedFd>,
-    /// `cgroup.procs` files the new process writes "0" to (v1 hierarchies).
+    /// `tasks` files the new (single-threaded) process writes "0" to (v1 hierarchies).
     pub join: Vec<OwnedFd>,
 }
 

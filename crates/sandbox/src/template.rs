@@ -36,8 +36,8 @@ pub struct Plan {
     /// The seccomp program's bytes, hex.
     pub seccomp: String,
     /// The descriptors sent with the plan, in order: stdin, stdout, stderr, then the
-    /// cgroup v2 directory for CLONE_INTO_CGROUP if `clone_into`, `joins` v1
-    /// `cgroup.procs` files, and a network namespace if `netns`.
+    /// cgroup v2 directory to move into if `clone_into`, `joins` v1 `tasks` files, and a
+    /// network namespace if `netns`.
     pub clone_into: bool,
     pub joins: usize,
     pub netns: bool,
@@ -47,7 +47,12 @@ pub struct Plan {
 /// User namespaces, `/work` and extra tmpfs paths are not offered on this path.
 pub fn plan(spec: &Spec, entry: &Entry, filter: &Filter) -> (Plan, Vec<RawFd>) {
     let mut fds: Vec<RawFd> = spec.stdio.to_vec();
-    fds.extend(entry.clone_into.as_ref().map(|f| f.as_raw_fd()));
+    // A forked-ahead child moves itself into its cgroup. A v2 move (`cgroup.procs`) makes
+    // the kernel wait for an RCU grace period (5-15 ms after an idle spell); v1 moves
+    // through `tasks` do not. On a hybrid host v1 carries the limits and the tracking, so
+    // the child skips the controller-less v2 tree there.
+    let clone_into = entry.clone_into.as_ref().filter(|_| entry.join.is_empty());
+    fds.extend(clone_into.map(|f| f.as_raw_fd()));
     fds.extend(entry.join.iter().map(|f| f.as_raw_fd()));
     fds.extend(spec.netns.as_ref().map(|f| f.as_raw_fd()));
     let seccomp = filter
@@ -73,7 +78,7 @@ pub fn plan(spec: &Spec, entry: &Entry, filter: &Filter) -> (Plan, Vec<RawFd>) {
         secure_bits: SECBITS,
         last_cap: crate::spawn::last_cap(),
         seccomp,
-        clone_into: entry.clone_into.is_some(),
+        clone_into: clone_into.is_some(),
         joins: entry.join.len(),
         netns: spec.netns.is_some(),
     };

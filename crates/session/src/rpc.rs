@@ -168,6 +168,9 @@ pub struct Remote {
 struct Pool {
     idle: Vec<UnixStream>,
     txns: HashMap<u64, Arc<Mutex<Conn>>>,
+    /// Keys each txn read strongly and has not written strongly: what the primary still
+    /// holds for it. A txn with none needs no `finish` round trip (most requests).
+    open: HashMap<u64, HashSet<Vec<u8>>>,
 }
 
 enum Conn {
@@ -186,7 +189,7 @@ impl Remote {
             path: path.to_owned(),
             pool: Mutex::new(Pool {
                 idle: vec![stream],
-                txns: HashMap::new(),
+                ..Pool::default()
             }),
         })
     }
@@ -303,7 +306,15 @@ impl State for Remote {
             &request(READ, txn, Some(deadline), mode, key, &[]),
             deadline,
         )?;
-        outcome(tag, payload)
+        let value = outcome(tag, payload)?;
+        if mode == Mode::Strong {
+            lock(&self.pool)
+                .open
+                .entry(txn)
+                .or_default()
+                .insert(key.to_vec());
+        }
+        Ok(value)
     }
 
     fn write(
@@ -319,7 +330,14 @@ impl State for Remote {
             &request(WRITE, txn, Some(deadline), mode, key, value),
             deadline,
         )?;
-        outcome(tag, payload).map(drop)
+        let done = outcome(tag, payload).map(drop);
+        // A strong write commits or conflicts: either way the primary let go of the key.
+        if mode == Mode::Strong && matches!(done, Ok(()) | Err(Error::Conflict)) {
+            if let Some(open) = lock(&self.pool).open.get_mut(&txn) {
+                open.remove(key);
+            }
+        }
+        done
     }
 
     fn delete(&self, txn: u64, key: &[u8], deadline: Instant) -> Result<bool, Error> {
@@ -333,12 +351,21 @@ impl State for Remote {
 
     /// Releases the request's locks on the primary and returns its connection to the pool.
     fn finish(&self, txn: u64) {
-        let Some(conn) = lock(&self.pool).txns.remove(&txn) else {
-            return;
+        let (conn, holds) = {
+            let mut pool = lock(&self.pool);
+            let holds = pool.open.remove(&txn).is_some_and(|keys| !keys.is_empty());
+            let Some(conn) = pool.txns.remove(&txn) else {
+                return;
+            };
+            (conn, holds)
         };
         let Conn::Open(stream) = mem::replace(&mut *lock(&conn), Conn::Unopened) else {
             return;
         };
+        if !holds {
+            lock(&self.pool).idle.push(stream);
+            return;
+        }
         if exchange(
             &stream,
             &request(FINISH, txn, None, Mode::Weak, &[], &[]),
