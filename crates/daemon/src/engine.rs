@@ -612,13 +612,17 @@ impl Engine {
 
 impl FnPool {
     pub fn new(function: Function) -> Arc<FnPool> {
+        FnPool::with_session(function, None)
+    }
+
+    fn with_session(function: Function, session: Option<SessionPool>) -> Arc<FnPool> {
         let slots = function.scale.max_instances.max(1) as usize;
         Arc::new(FnPool {
             function,
             state: Mutex::new(State::default()),
             binary_slots: Arc::new(Semaphore::new(slots)),
             binary_waiting: AtomicUsize::new(0),
-            session: None,
+            session,
         })
     }
 

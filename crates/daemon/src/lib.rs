@@ -238,7 +238,7 @@ async fn session_state(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    session_answer(e.session_state(&id).await)
+    session_answer(e.session_control(&id, "dump").await)
 }
 
 /// `POST /v1/sessions/ID/checkpoint`: write the session's checkpoint now.
@@ -246,7 +246,7 @@ async fn checkpoint_session(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    session_answer(e.checkpoint_session(&id).await)
+    session_answer(e.session_control(&id, "checkpoint").await)
 }
 
 /// `POST /v1/sessions/ID/close`: checkpoint, then the workers end (as on idle); the

@@ -119,6 +119,8 @@ pub struct Outcome {
     pub stderr: Vec<u8>,
     /// Why it failed: a trap, the time limit, the memory limit.
     pub failure: Option<String>,
+    /// It was stopped at its time limit.
+    pub timed_out: bool,
 }
 
 /// A loaded module, ready to instantiate per request.
@@ -238,13 +240,17 @@ impl Host {
         let result = self.call(&mut store, request.export);
         state.finish(txn);
         let ctx = store.data();
+        let timed_out = result
+            .as_ref()
+            .err()
+            .is_some_and(|e| matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)));
         let failure = result.err().map(|e| {
             if ctx.memory_denied {
                 format!(
                     "the request exceeded its memory limit of {} MiB ({e})",
                     self.memory_bytes >> 20
                 )
-            } else if matches!(e.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
+            } else if timed_out {
                 "the request ran past its time limit".to_owned()
             } else if let Some(trap) = e.downcast_ref::<Trap>() {
                 // The reason first; where it happened after.
@@ -261,6 +267,7 @@ impl Host {
             stdout: stdout.contents().to_vec(),
             stderr: stderr.contents().to_vec(),
             failure,
+            timed_out,
         }
     }
 

@@ -200,7 +200,7 @@ fn execute(
             &outcome.output,
         ),
         Some(why) => {
-            let status = if why.contains("time limit") { 504 } else { 500 };
+            let status = if outcome.timed_out { 504 } else { 500 };
             channel.send(&Out::Error { id: job.id, status }, why.as_bytes())
         }
     }

@@ -30,11 +30,6 @@ pub struct SessionInfo {
     pub disk_bytes: u64,
 }
 
-/// Why a request reached no session.
-fn refuse(status: u16, message: String) -> Response {
-    Response::error(status, message)
-}
-
 impl FnPool {
     /// The function's `session:` (only session functions come here).
     fn session_config(&self) -> &crate::registry::Session {
@@ -52,11 +47,7 @@ impl FnPool {
         // hot key at half the rate of 1); at least one secondary stays possible.
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get()) as u32;
         function.scale.max_instances = function.scale.max_instances.min(cpus.max(2));
-        let fp = FnPool::new(function);
-        Arc::new(FnPool {
-            session: Some(session),
-            ..Arc::into_inner(fp).expect("just made")
-        })
+        FnPool::with_session(function, Some(session))
     }
 
     fn primary(&self) -> Option<Arc<crate::instance::Instance>> {
@@ -114,26 +105,26 @@ impl Engine {
         let Some(hint) = request.headers.get(SESSION_HEADER) else {
             let rule = &fp.session_config().key;
             return from_key.ok_or_else(|| {
-                refuse(
+                Response::error(
                     400,
                     format!("{name} needs a session: the request has no {rule} and no {SESSION_HEADER} header"),
                 )
             });
         };
         let forged = || {
-            refuse(
+            Response::error(
                 403,
                 format!("the {SESSION_HEADER} hint is not valid for {name}"),
             )
         };
         let id = self.hints.verify(hint).ok_or_else(forged)?;
         if from_key.as_ref().is_some_and(|k| *k != id) {
-            return Err(refuse(
+            return Err(Response::error(
                 403,
                 format!("the {SESSION_HEADER} hint names another session than the request's key"),
             ));
         }
-        match self.hints.function_of(&id) {
+        match self.owner_of(&id) {
             Some(owner) if owner != *name => Err(forged()),
             _ => Ok(id),
         }
@@ -174,7 +165,7 @@ impl Engine {
                     let why = answer
                         .error
                         .unwrap_or_else(|| format!("status {}", answer.status));
-                    return Err(refuse(
+                    return Err(Response::error(
                         answer.status.max(500),
                         format!("the session hook {export} failed: {why}"),
                     ));
@@ -414,6 +405,18 @@ impl Engine {
         (sessions.len(), workers)
     }
 
+    /// The function session `id` belongs to: its live pool's, else what its directory
+    /// says (no file read per request of a running session).
+    fn owner_of(&self, id: &str) -> Option<String> {
+        let live = self
+            .sessions
+            .lock()
+            .unwrap()
+            .get(id)
+            .map(|p| p.function.name.clone());
+        live.or_else(|| self.hints.function_of(id))
+    }
+
     /// The running primary of session `id`, started (restored) if needed, with a lease
     /// that keeps the session open while an operator looks at it.
     async fn open_primary(
@@ -440,31 +443,25 @@ impl Engine {
         Ok((lease, primary))
     }
 
-    /// An operator's look at a session's state (restoring it if needed).
-    pub async fn session_state(self: &Arc<Self>, id: &str) -> Result<Vec<u8>, (u16, String)> {
+    /// Runs control operation `op` on session `id`'s primary (restoring the session if
+    /// needed): `dump` for an operator's look at its state, `checkpoint` to write it now.
+    pub async fn session_control(
+        self: &Arc<Self>,
+        id: &str,
+        op: &str,
+    ) -> Result<Vec<u8>, (u16, String)> {
         let (lease, primary) = self.open_primary(id).await?;
-        let dump = primary
-            .control("dump", b"", CONTROL_LIMIT)
+        let answer = primary
+            .control(op, b"", CONTROL_LIMIT)
             .await
             .map_err(|e| (500, e));
-        drop(lease);
-        dump
-    }
-
-    /// Checkpoints a session now; its answer says what was written.
-    pub async fn checkpoint_session(self: &Arc<Self>, id: &str) -> Result<Vec<u8>, (u16, String)> {
-        let (lease, primary) = self.open_primary(id).await?;
-        let done = primary
-            .control("checkpoint", b"", CONTROL_LIMIT)
-            .await
-            .map_err(|e| (500, e));
-        if done.is_ok() {
+        if op == "checkpoint" && answer.is_ok() {
             self.metrics
                 .session_checkpoints
                 .fetch_add(1, Ordering::Relaxed);
         }
         drop(lease);
-        done
+        answer
     }
 
     /// Closes a live session now (checkpoint, workers end), as keep-alive would.
