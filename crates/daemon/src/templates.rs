@@ -21,7 +21,12 @@ use crate::registry::{Function, Runtime};
 /// The node template's native half, built by build.rs (empty when it could not be).
 const NODE_TEMPLATE_ADDON: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/node_template.node"));
 
-type StartRequest = (Vec<String>, mpsc::Sender<Result<Template>>);
+/// A template's command line, its environment, and where its answer goes.
+type StartRequest = (
+    Vec<String>,
+    Vec<(String, String)>,
+    mpsc::Sender<Result<Template>>,
+);
 
 pub struct Templates {
     /// By the interpreter's (device, inode): every environment of one runtime layer
@@ -36,8 +41,8 @@ impl Templates {
         std::thread::Builder::new()
             .name("skiff-templates".into())
             .spawn(move || {
-                for (argv, reply) in rx {
-                    let _ = reply.send(Template::start(&argv));
+                for (argv, env, reply) in rx {
+                    let _ = reply.send(Template::start(&argv, &env));
                 }
             })
             .expect("spawn the template thread");
@@ -58,25 +63,28 @@ impl Templates {
     ) -> Option<Result<Child>> {
         let started = match f.runtime {
             Runtime::Python3 => self.get(&spec.rootfs.join("usr/bin/python3"), || {
-                Ok(["-I", "-S", "-c", PYTHON_BOOTSTRAP, "--template"]
-                    .map(String::from)
-                    .to_vec())
+                let argv = ["-I", "-S", "-c", PYTHON_BOOTSTRAP, "--template"];
+                Ok((argv.map(String::from).to_vec(), vec![]))
             }),
             // Forking node is sound only with no helper threads at work: V8's worker
-            // pool off, and its collector on the main thread.
+            // pool off, and its collector on the main thread. --no-lazy: the template
+            // compiles its own code up front rather than each fork compiling it again
+            // (the bootstrap turns lazy compilation back on for the function's code).
+            // The addon is preloaded too, for its madvise (see node_template.c).
             Runtime::Node if !NODE_TEMPLATE_ADDON.is_empty() => {
                 self.get(&spec.rootfs.join("usr/bin/node"), || {
                     let addon = node_addon(data)?;
-                    Ok([
+                    let argv = [
                         "--v8-pool-size=0",
                         "--single-threaded",
+                        "--no-lazy",
                         "-e",
                         NODE_BOOTSTRAP,
                         "@template",
                         &addon,
-                    ]
-                    .map(String::from)
-                    .to_vec())
+                    ];
+                    let env = vec![("LD_PRELOAD".to_owned(), addon.clone())];
+                    Ok((argv.map(String::from).to_vec(), env))
                 })
             }
             _ => return None,
@@ -88,11 +96,11 @@ impl Templates {
     }
 
     /// The template for the interpreter at `interpreter` (inside an environment's
-    /// root), started on first use with the arguments `tail` makes.
+    /// root), started on first use with the arguments and environment `how` makes.
     fn get(
         &self,
         interpreter: &Path,
-        tail: impl FnOnce() -> Result<Vec<String>>,
+        how: impl FnOnce() -> Result<(Vec<String>, Vec<(String, String)>)>,
     ) -> Result<Arc<Template>> {
         let real = interpreter
             .canonicalize()
@@ -104,13 +112,14 @@ impl Templates {
                 return Ok(t.clone());
             }
         }
+        let (tail, env) = how()?;
         let mut argv = vec![real.to_string_lossy().into_owned()];
-        argv.extend(tail()?);
+        argv.extend(tail);
         let (tx, rx) = mpsc::channel();
         self.starter
             .lock()
             .unwrap()
-            .send((argv, tx))
+            .send((argv, env, tx))
             .context("the template thread is gone")?;
         let template = Arc::new(rx.recv().context("the template thread is gone")??);
         self.running.lock().unwrap().insert(key, template.clone());

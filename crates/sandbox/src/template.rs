@@ -43,9 +43,10 @@ pub struct Plan {
     pub netns: bool,
 }
 
-/// The plan for `spec` in the cgroup `entry`, and the descriptors that go with it.
-/// User namespaces, `/work` and extra tmpfs paths are not offered on this path.
-pub fn plan(spec: &Spec, entry: &Entry, filter: &Filter) -> (Plan, Vec<RawFd>) {
+/// The plan for `spec` in the cgroup `entry` with the seccomp program `seccomp` (hex),
+/// and the descriptors that go with it. User namespaces, `/work` and extra tmpfs paths
+/// are not offered on this path.
+pub fn plan(spec: &Spec, entry: &Entry, seccomp: &str) -> (Plan, Vec<RawFd>) {
     let mut fds: Vec<RawFd> = spec.stdio.to_vec();
     // A forked-ahead child moves itself into its cgroup. A v2 move (`cgroup.procs`) makes
     // the kernel wait for an RCU grace period (5-15 ms after an idle spell); v1 moves
@@ -55,11 +56,6 @@ pub fn plan(spec: &Spec, entry: &Entry, filter: &Filter) -> (Plan, Vec<RawFd>) {
     fds.extend(clone_into.map(|f| f.as_raw_fd()));
     fds.extend(entry.join.iter().map(|f| f.as_raw_fd()));
     fds.extend(spec.netns.as_ref().map(|f| f.as_raw_fd()));
-    let seccomp = filter
-        .to_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
     let plan = Plan {
         hostname: spec.id.clone(),
         rootfs: spec.rootfs.to_string_lossy().into_owned(),
@@ -77,7 +73,7 @@ pub fn plan(spec: &Spec, entry: &Entry, filter: &Filter) -> (Plan, Vec<RawFd>) {
         mask_options: MASK_OPTIONS,
         secure_bits: SECBITS,
         last_cap: crate::spawn::last_cap(),
-        seccomp,
+        seccomp: seccomp.to_owned(),
         clone_into: clone_into.is_some(),
         joins: entry.join.len(),
         netns: spec.netns.is_some(),
@@ -93,14 +89,16 @@ pub fn plan(spec: &Spec, entry: &Entry, filter: &Filter) -> (Plan, Vec<RawFd>) {
 pub struct Template {
     control: std::sync::Mutex<std::os::fd::OwnedFd>,
     process: std::sync::Mutex<std::process::Child>,
-    filter: Filter,
+    /// The seccomp program every plan carries, hex: made once, not per start.
+    seccomp: String,
 }
 
 impl Template {
-    /// Starts `argv` as a template and waits (up to 10 s) for its `ready`. It gets a
-    /// parent-death SIGKILL tied to the *calling thread*: call this from a thread that
-    /// lives as long as the template should.
-    pub fn start(argv: &[String]) -> anyhow::Result<Template> {
+    /// Starts `argv` with the environment `env` (nothing else of ours) as a template and
+    /// waits (up to 10 s) for its `ready`. It gets a parent-death SIGKILL tied to the
+    /// *calling thread*: call this from a thread that lives as long as the template
+    /// should.
+    pub fn start(argv: &[String], env: &[(String, String)]) -> anyhow::Result<Template> {
         use anyhow::Context;
         use std::os::unix::process::CommandExt;
         let (ours, theirs) = crate::spawn::seqpacket_pair().context("socketpair")?;
@@ -108,6 +106,7 @@ impl Template {
         command
             .args(&argv[1..])
             .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .current_dir("/")
             .stdin(std::process::Stdio::from(theirs));
         // SAFETY: prctl is async-signal-safe.
@@ -120,6 +119,9 @@ impl Template {
         let process = command
             .spawn()
             .with_context(|| format!("cannot start the template {}", argv[0]))?;
+        // Our copy of the template's end goes now: a template that dies before its
+        // `ready` shows as the end of the socket, not as a 10 s wait.
+        drop(command);
         let mut pfd = libc::pollfd {
             fd: ours.as_raw_fd(),
             events: libc::POLLIN,
@@ -137,7 +139,11 @@ impl Template {
         let template = Template {
             control: std::sync::Mutex::new(ours),
             process: std::sync::Mutex::new(process),
-            filter: Filter::docker_default(),
+            seccomp: Filter::docker_default()
+                .to_bytes()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
         };
         if n <= 0 || &buf[..n as usize] != b"ready" {
             anyhow::bail!("the template {} did not start", argv[0]);
@@ -154,7 +160,7 @@ impl Template {
         extra: serde_json::Map<String, serde_json::Value>,
     ) -> anyhow::Result<crate::Child> {
         use anyhow::{bail, Context};
-        let (plan, fds) = plan(spec, entry, &self.filter);
+        let (plan, fds) = plan(spec, entry, &self.seccomp);
         let mut value = serde_json::to_value(plan)?;
         value
             .as_object_mut()

@@ -124,8 +124,8 @@ function serveInstance(fd, spec) {
 
 // The zygote: node started with this bootstrap, as root in the host's namespaces. For
 // each plan on the control socket (fd 0; the plan as JSON, its descriptors beside it) a
-// child forked ahead becomes the sandbox the plan describes, replaying the steps of
-// skiff's native spawner (crates/sandbox/src/child.rs) through raw system calls, and
+// child forked ahead becomes the sandbox the plan describes (native.enter, which
+// replays the steps of skiff's native spawner, crates/sandbox/src/child.rs), and
 // then an instance: node's start and the bootstrap's loading are skipped. Returns only
 // in such a child, which then runs on node's event loop; the template itself loops.
 function template(addon) {
@@ -139,6 +139,18 @@ function template(addon) {
   void process.stderr;
   const meta = { id: 0, request_id: "", method: "GET", path: "/", query: "", headers: {}, timeout_ms: 1 };
   for (const result of [null, "ok", Buffer.alloc(1), { statusCode: 200, body: "ok" }, { a: 1 }]) encode(result);
+  // Every instance loads its handler from a file: take that path (resolve, read, compile
+  // a module) once here, so the forks find it compiled.
+  const fs = require("fs");
+  const warmDir = fs.mkdtempSync(path.join(path.dirname(addon), "warm-"));
+  fs.writeFileSync(path.join(warmDir, "main.js"), "exports.handler = async (event) => event;\n");
+  require(path.join(warmDir, "main")).handler;
+  fs.rmSync(warmDir, { recursive: true });
+  // The collector, from a context of its own: handlers never see a `gc` global.
+  const v8 = require("v8");
+  v8.setFlagsFromString("--expose-gc");
+  const collect = require("vm").runInNewContext("gc");
+  v8.setFlagsFromString("--no-expose-gc");
   const mod = { exports: {} };
   process.dlopen(mod, addon);
   native = mod.exports;
@@ -148,104 +160,16 @@ function template(addon) {
     if (r < 0) throw new Error(`${what}: ${errno[-r] || -r}`);
     return r;
   };
-  const NR = {
-    read: 0, write: 1, close: 3, poll: 7, fcntl: 72, socketpair: 53, chdir: 80, setresuid: 117,
-    setresgid: 119, setgroups: 116, capset: 126, pivot_root: 155, prctl: 157, mount: 165,
-    umount2: 166, sethostname: 170, unshare: 272, openat: 257, dup3: 292, prlimit64: 302,
-    setns: 308, seccomp: 317, close_range: 436,
-  };
-  const [RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE] =
-    [1, 2, 4, 8, 32, 4096, 16384, 1 << 18];
-  const ENOENT = 2;
-  const mount = (src, dst, type, flags, data) => S(NR.mount, src, dst, type, flags, data ?? null);
+  const NR = { write: 1, close: 3, poll: 7, socketpair: 53 };
 
+  // The sandbox (native.enter), then the function's environment in place of the template's.
   function enter(plan, fds) {
-    let next = 3;
-    const cloneInto = plan.clone_into ? fds[next++] : null;
-    const joins = fds.slice(next, next + plan.joins);
-    next += plan.joins;
-    const netns = plan.netns ? fds[next++] : null;
-    // Forked ahead, before its cgroup was known: the child moves itself.
-    if (cloneInto !== null) {
-      const procs = check(S(NR.openat, cloneInto, "cgroup.procs", 1 | 0x80000, 0), "open cgroup.procs");
-      check(S(NR.write, procs, "0", 1), "join the cgroup");
-      S(NR.close, procs);
-    }
-    for (const fd of joins) check(S(NR.write, fd, "0", 1), "join the cgroup");
-    check(S(NR.unshare, 0x02000000), "unshare the cgroup namespace");
-    if (netns !== null) check(S(NR.setns, netns, 0x40000000), "join the network namespace");
-    const root = plan.rootfs;
-    const nsd = NOSUID | NODEV;
-    const nsdx = nsd | NOEXEC;
-    check(mount(null, "/", null, REC | PRIVATE), "make / private");
-    check(mount(root, root, null, BIND), "bind the root");
-    check(mount(root, root, null, BIND | REMOUNT | RDONLY | nsd), "remount the root read-only");
-    check(mount("proc", `${root}/proc`, "proc", nsdx), "mount /proc");
-    for (const name of plan.masked_files) {
-      const r = mount("/dev/null", `${root}/proc/${name}`, null, BIND);
-      if (r < 0 && r !== -ENOENT) check(r, `mask /proc/${name}`);
-    }
-    for (const name of plan.masked_dirs) {
-      const r = mount("tmpfs", `${root}/proc/${name}`, "tmpfs", RDONLY | nsdx, plan.mask_options);
-      if (r < 0 && r !== -ENOENT) check(r, `mask /proc/${name}`);
-    }
-    for (const name of plan.readonly) {
-      const p = `${root}/proc/${name}`;
-      const r = mount(p, p, null, BIND);
-      if (r === -ENOENT) continue;
-      check(r, `bind /proc/${name}`);
-      check(mount(p, p, null, BIND | REMOUNT | RDONLY | nsdx), `remount /proc/${name}`);
-    }
-    check(mount(plan.dev_template, `${root}/dev`, null, BIND | REC), "bind /dev");
-    check(mount("tmpfs", `${root}/dev/shm`, "tmpfs", nsdx, plan.shm_options), "mount /dev/shm");
-    check(mount("tmpfs", `${root}/tmp`, "tmpfs", nsd, plan.tmp_options), "mount /tmp");
-    check(S(NR.chdir, root), "chdir to the root");
-    check(S(NR.pivot_root, ".", "."), "pivot_root");
-    check(S(NR.umount2, ".", 2), "detach the old root");
-    check(S(NR.chdir, "/"), "chdir /");
-    check(S(NR.sethostname, plan.hostname, Buffer.byteLength(plan.hostname)), "sethostname");
-    const limit = (resource, value) => {
-      const both = Buffer.alloc(16);
-      both.writeBigUInt64LE(BigInt(value), 0);
-      both.writeBigUInt64LE(BigInt(value), 8);
-      check(S(NR.prlimit64, 0, resource, both, null), "setrlimit");
-    };
-    limit(7, plan.max_open_files); // RLIMIT_NOFILE
-    limit(4, 0); // RLIMIT_CORE
-    check(S(NR.setgroups, 0, null), "setgroups");
-    check(S(NR.prctl, 28, plan.secure_bits), "securebits");
-    for (let cap = 0; cap <= plan.last_cap; cap++) check(S(NR.prctl, 24, cap), "drop bounding capabilities");
-    check(S(NR.prctl, 47, 4, 0, 0, 0), "clear ambient capabilities");
-    check(S(NR.setresgid, plan.gid, plan.gid, plan.gid), "setresgid");
-    check(S(NR.setresuid, plan.uid, plan.uid, plan.uid), "setresuid");
-    const header = Buffer.alloc(8);
-    header.writeUInt32LE(0x20080522, 0);
-    check(S(NR.capset, header, Buffer.alloc(24)), "capset");
-    check(S(NR.chdir, plan.cwd), "chdir");
-    check(S(NR.prctl, 1, 9), "parent-death signal"); // PR_SET_PDEATHSIG SIGKILL
-    // The channel, stdout and stderr may have arrived as any numbers, 0 to 2 included:
-    // lift them out of the way, put them in place, close everything else of the
-    // template's (the event loop's descriptors too: it is renewed right after).
-    const [keep, out, err] = fds.slice(0, 3).map((fd) => check(S(NR.fcntl, fd, 1030, 100), "dup"));
-    check(S(NR.dup3, out, 1, 0), "stdout");
-    check(S(NR.dup3, err, 2, 0), "stderr");
-    S(NR.close_range, 3, keep - 1, 0);
-    S(NR.close_range, keep + 1, 0xffffffff, 0);
-    check(native.loopFork(), "renew the event loop");
-    const devnull = check(S(NR.openat, -100, "/dev/null", 0x80000, 0), "open /dev/null");
-    check(S(NR.dup3, devnull, 0, 0), "stdin");
-    S(NR.close, devnull);
+    const keep = native.enter(plan, fds);
     for (const k of Object.keys(process.env)) delete process.env[k];
     for (const pair of plan.env) {
       const eq = pair.indexOf("=");
       process.env[pair.slice(0, eq)] = pair.slice(eq + 1);
     }
-    check(S(NR.prctl, 38, 1, 0, 0, 0), "no_new_privs");
-    const program = Buffer.from(plan.seccomp, "hex");
-    const prog = Buffer.alloc(16);
-    prog.writeUInt16LE(program.length / 8, 0);
-    prog.writeBigUInt64LE(native.address(program), 8);
-    check(S(NR.seccomp, 1, 0, prog), "seccomp");
     return keep;
   }
 
@@ -256,6 +180,9 @@ function template(addon) {
     try {
       plan = JSON.parse(message.toString());
       keep = enter(plan, fds);
+      // The template compiles eagerly (--no-lazy: nothing of its own is left for each
+      // fork to compile); the function's code compiles as node normally would.
+      v8.setFlagsFromString("--lazy");
     } catch (e) {
       const f = frame({ t: "init_error" }, `cannot set up the sandbox: ${e.message}`);
       S(NR.write, fds[0], f, f.length);
@@ -272,6 +199,9 @@ function template(addon) {
     const pair = Buffer.alloc(8);
     check(S(NR.socketpair, 1, 5 | 0x80000, 0, pair), "socketpair"); // SEQPACKET|CLOEXEC
     const [ours, theirs] = [pair.readInt32LE(0), pair.readInt32LE(4)];
+    // An empty young generation: the instance's first allocations would otherwise set
+    // off a scavenge of the template's garbage, paying copy-on-write faults for all of it.
+    collect({ type: "minor" });
     const [pid, pidfd] = native.spare(FLAGS);
     if (pid < 0) throw new Error(`clone3: ${errno[-pid] || -pid}`);
     if (pid === 0) {
