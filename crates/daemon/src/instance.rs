@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -23,6 +24,10 @@ use crate::registry::{Function, Network, Runtime};
 
 pub(crate) const PYTHON_BOOTSTRAP: &str = include_str!("bootstrap/python.py");
 pub(crate) const NODE_BOOTSTRAP: &str = include_str!("bootstrap/node.js");
+/// Runs the python bootstrap from its compiled form (hex, the next argument; see
+/// `Templates::python_bootstrap_code`), which it takes off the command line first.
+const PYTHON_LOAD_CODE: &str =
+    "import marshal, sys; exec(marshal.loads(bytes.fromhex(sys.argv.pop(1))))";
 
 /// Largest response body (and log frame) an instance may send.
 pub const MAX_OUTPUT: usize = 6 << 20;
@@ -119,18 +124,27 @@ struct Spawned {
     log: OwnedFd,
 }
 
-fn argv(f: &Function, role: Option<&SessionRole>) -> Result<Vec<String>> {
+/// The command line of a plainly started instance of `f`, whose environment's root is
+/// `root`.
+fn argv(
+    engine: &Engine,
+    f: &Function,
+    root: &Path,
+    role: Option<&SessionRole>,
+) -> Result<Vec<String>> {
     Ok(match f.runtime {
         // -I -S: no user site, no site.py (the bootstrap sets the path itself): ~3 ms less.
-        Runtime::Python3 => vec![
-            "/usr/bin/python3".into(),
-            "-I".into(),
-            "-S".into(),
-            "-c".into(),
-            PYTHON_BOOTSTRAP.into(),
-            f.handler.clone(),
-            f.scale.concurrency.to_string(),
-        ],
+        Runtime::Python3 => {
+            let mut argv = ["/usr/bin/python3", "-I", "-S", "-c"]
+                .map(String::from)
+                .to_vec();
+            match engine.templates.python_bootstrap_code(root) {
+                Some(code) => argv.extend([PYTHON_LOAD_CODE.into(), code.to_string()]),
+                None => argv.push(PYTHON_BOOTSTRAP.into()),
+            }
+            argv.extend([f.handler.clone(), f.scale.concurrency.to_string()]);
+            argv
+        }
         Runtime::Node => vec![
             "/usr/bin/node".into(),
             "-e".into(),
@@ -217,12 +231,9 @@ fn spawn_sandbox(
     };
     let (ours, theirs) = StdUnixStream::pair().context("socketpair")?;
     let (log_r, log_w) = crate::invoke::pipe();
-    let mut spec = Spec::new(
-        id,
-        engine.data.join("envs").join(&f.env).join("root"),
-        engine.dev_template.clone(),
-        argv(f, role)?,
-    );
+    let root = engine.data.join("envs").join(&f.env).join("root");
+    // The command line is for the plain path only: set below if it is taken.
+    let mut spec = Spec::new(id, root.clone(), engine.dev_template.clone(), vec![]);
     spec.cwd = "/code".into();
     spec.work = role.map(|r| r.dir.clone());
     spec.env.push(format!("SKIFF_FUNCTION={}", f.name));
@@ -240,7 +251,13 @@ fn spawn_sandbox(
                     f.name
                 );
             }
-            engine.spawner.spawn(&spec, &entry).map_err(|e| e.message)
+            match argv(engine, f, &root, role) {
+                Ok(argv) => {
+                    spec.argv = argv;
+                    engine.spawner.spawn(&spec, &entry).map_err(|e| e.message)
+                }
+                Err(e) => Err(format!("{e:#}")),
+            }
         }
     };
     match started {

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
@@ -32,6 +32,8 @@ pub struct Templates {
     /// By the interpreter's (device, inode): every environment of one runtime layer
     /// links the same interpreter file.
     running: Mutex<HashMap<(u64, u64), Arc<Template>>>,
+    /// The compiled python bootstrap, by interpreter as above.
+    python_code: Mutex<HashMap<(u64, u64), Option<Arc<str>>>>,
     starter: Mutex<mpsc::Sender<StartRequest>>,
 }
 
@@ -48,6 +50,7 @@ impl Templates {
             .expect("spawn the template thread");
         Templates {
             running: Mutex::new(HashMap::new()),
+            python_code: Mutex::new(HashMap::new()),
             starter: Mutex::new(tx),
         }
     }
@@ -102,11 +105,7 @@ impl Templates {
         interpreter: &Path,
         how: impl FnOnce() -> Result<(Vec<String>, Vec<(String, String)>)>,
     ) -> Result<Arc<Template>> {
-        let real = interpreter
-            .canonicalize()
-            .with_context(|| format!("no interpreter at {}", interpreter.display()))?;
-        let meta = std::fs::metadata(&real)?;
-        let key = (meta.dev(), meta.ino());
+        let (real, key) = identify(interpreter)?;
         if let Some(t) = self.running.lock().unwrap().get(&key) {
             if t.is_alive() {
                 return Ok(t.clone());
@@ -126,10 +125,68 @@ impl Templates {
         Ok(template)
     }
 
+    /// The python bootstrap compiled by the interpreter under `root` (marshalled, hex):
+    /// a plain start then skips compiling its ~400 lines (several ms). Made on first use
+    /// and kept per interpreter; `None` if that interpreter could not make it.
+    pub fn python_bootstrap_code(&self, root: &Path) -> Option<Arc<str>> {
+        let (real, key) = identify(&root.join("usr/bin/python3")).ok()?;
+        if let Some(code) = self.python_code.lock().unwrap().get(&key) {
+            return code.clone();
+        }
+        let code = compile_python_bootstrap(&real)
+            .inspect_err(|e| eprintln!("skiff: warning: the python bootstrap stays source: {e:#}"))
+            .ok()
+            .map(Arc::from);
+        self.python_code.lock().unwrap().insert(key, code.clone());
+        code
+    }
+
     /// Stops every template.
     pub fn clear(&self) {
         self.running.lock().unwrap().clear();
     }
+}
+
+/// The interpreter's real path and its (device, inode).
+fn identify(interpreter: &Path) -> Result<(PathBuf, (u64, u64))> {
+    let real = interpreter
+        .canonicalize()
+        .with_context(|| format!("no interpreter at {}", interpreter.display()))?;
+    let meta = std::fs::metadata(&real)?;
+    Ok((real, (meta.dev(), meta.ino())))
+}
+
+/// Runs `python` (on the host, as its template does) to compile the bootstrap under
+/// the name `-c` gives, which its tracebacks filter on.
+fn compile_python_bootstrap(python: &Path) -> Result<String> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    const COMPILE: &str = "import marshal, sys; \
+        sys.stdout.write(marshal.dumps(compile(sys.stdin.read(), '<string>', 'exec')).hex())";
+    let mut child = Command::new(python)
+        .args(["-I", "-S", "-c", COMPILE])
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {}", python.display()))?;
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(PYTHON_BOOTSTRAP.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "{} {}: {}",
+            python.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
 }
 
 /// The addon, written once under the data directory (node loads addons from files);
