@@ -21,6 +21,9 @@ use crate::registry::{Function, Runtime};
 /// The node template's native half, built by build.rs (empty when it could not be).
 const NODE_TEMPLATE_ADDON: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/node_template.node"));
 
+/// An interpreter file's (device, inode).
+type InterpreterKey = (u64, u64);
+
 /// A template's command line, its environment, and where its answer goes.
 type StartRequest = (
     Vec<String>,
@@ -31,9 +34,9 @@ type StartRequest = (
 pub struct Templates {
     /// By the interpreter's (device, inode): every environment of one runtime layer
     /// links the same interpreter file.
-    running: Mutex<HashMap<(u64, u64), Arc<Template>>>,
+    running: Mutex<HashMap<InterpreterKey, Arc<Template>>>,
     /// The compiled python bootstrap, by interpreter as above.
-    python_code: Mutex<HashMap<(u64, u64), Option<Arc<str>>>>,
+    python_code: Mutex<HashMap<InterpreterKey, Option<Arc<str>>>>,
     starter: Mutex<mpsc::Sender<StartRequest>>,
 }
 
@@ -147,8 +150,8 @@ impl Templates {
     }
 }
 
-/// The interpreter's real path and its (device, inode).
-fn identify(interpreter: &Path) -> Result<(PathBuf, (u64, u64))> {
+/// The interpreter's real path and its key.
+fn identify(interpreter: &Path) -> Result<(PathBuf, InterpreterKey)> {
     let real = interpreter
         .canonicalize()
         .with_context(|| format!("no interpreter at {}", interpreter.display()))?;
