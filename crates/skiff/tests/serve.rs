@@ -1360,7 +1360,8 @@ fn assert_refused(report: &Value, attempts: &[&str]) {
 }
 
 /// Escape attempts from inside python3 and node instances, on both cold paths: forked from the
-/// template (whose sandbox set-up is replayed by the bootstrap) and started plainly by
+/// template (whose sandbox set-up is replayed by the template, in node's case by its C
+/// half) and started plainly by
 /// the native spawner. Every attempt must fail, and the identity must be a sandbox's.
 #[test]
 fn escape_attempts_from_instances_fail_on_both_cold_paths() {
