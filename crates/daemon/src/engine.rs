@@ -212,6 +212,11 @@ impl Engine {
         Ok(())
     }
 
+    /// The root directory of the environment `env`.
+    pub fn env_root(&self, env: &str) -> PathBuf {
+        self.data.join("envs").join(env).join("root")
+    }
+
     pub fn netns(&self) -> Result<&NetnsPool> {
         if let Some(pool) = self.netns.get() {
             return Ok(pool);
@@ -506,7 +511,7 @@ impl Engine {
             Network::Host => None,
         };
         let job = crate::invoke::Job {
-            env_root: self.data.join("envs").join(&fp.function.env).join("root"),
+            env_root: self.env_root(&fp.function.env),
             dev_template: self.dev_template.clone(),
             function: fp.function.clone(),
             body: request.body.clone(),

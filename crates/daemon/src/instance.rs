@@ -231,7 +231,7 @@ fn spawn_sandbox(
     };
     let (ours, theirs) = StdUnixStream::pair().context("socketpair")?;
     let (log_r, log_w) = crate::invoke::pipe();
-    let root = engine.data.join("envs").join(&f.env).join("root");
+    let root = engine.env_root(&f.env);
     // The command line is for the plain path only: set below if it is taken.
     let mut spec = Spec::new(id, root.clone(), engine.dev_template.clone(), vec![]);
     spec.cwd = "/code".into();

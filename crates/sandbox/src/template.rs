@@ -16,7 +16,7 @@ use crate::seccomp::Filter;
 use crate::spec::Spec;
 
 #[derive(Serialize)]
-pub struct Plan {
+pub struct Plan<'a> {
     pub hostname: String,
     pub rootfs: String,
     pub dev_template: String,
@@ -34,7 +34,7 @@ pub struct Plan {
     pub secure_bits: u64,
     pub last_cap: u32,
     /// The seccomp program's bytes, hex.
-    pub seccomp: String,
+    pub seccomp: &'a str,
     /// The descriptors sent with the plan, in order: stdin, stdout, stderr, then the
     /// cgroup v2 directory to move into if `clone_into`, `joins` v1 `tasks` files, and a
     /// network namespace if `netns`.
@@ -46,7 +46,7 @@ pub struct Plan {
 /// The plan for `spec` in the cgroup `entry` with the seccomp program `seccomp` (hex),
 /// and the descriptors that go with it. User namespaces, `/work` and extra tmpfs paths
 /// are not offered on this path.
-pub fn plan(spec: &Spec, entry: &Entry, seccomp: &str) -> (Plan, Vec<RawFd>) {
+pub fn plan<'a>(spec: &Spec, entry: &Entry, seccomp: &'a str) -> (Plan<'a>, Vec<RawFd>) {
     let mut fds: Vec<RawFd> = spec.stdio.to_vec();
     // A forked-ahead child moves itself into its cgroup. A v2 move (`cgroup.procs`) makes
     // the kernel wait for an RCU grace period (5-15 ms after an idle spell); v1 moves
@@ -73,7 +73,7 @@ pub fn plan(spec: &Spec, entry: &Entry, seccomp: &str) -> (Plan, Vec<RawFd>) {
         mask_options: MASK_OPTIONS,
         secure_bits: SECBITS,
         last_cap: crate::spawn::last_cap(),
-        seccomp: seccomp.to_owned(),
+        seccomp,
         clone_into: clone_into.is_some(),
         joins: entry.join.len(),
         netns: spec.netns.is_some(),

@@ -222,7 +222,7 @@ static napi_value enter(napi_env env, napi_callback_info info) {
   }
   static char root[4096], item[256], path[sizeof root + sizeof item + 16], text[4096];
   static char seccomp_hex[1 << 16];
-  const char *step = "read the plan";
+  const char *step = "";
   const unsigned long nsd = MS_NOSUID | MS_NODEV, nsdx = nsd | MS_NOEXEC;
   uint32_t next = 3;
   int clone_into = plan_bool(env, plan, "clone_into") ? fds[next++] : -1;
@@ -236,14 +236,15 @@ static napi_value enter(napi_env env, napi_callback_info info) {
     step = what;                 \
     if ((call) < 0) goto failed; \
   } while (0)
-#define PLAN(ok)      \
-  do {                \
-    if (!(ok)) {      \
-      errno = 0;      \
-      goto failed;    \
-    }                 \
+#define PLAN(what, ok) \
+  do {                 \
+    step = what;       \
+    if (!(ok)) {       \
+      errno = 0;       \
+      goto failed;     \
+    }                  \
   } while (0)
-  PLAN(next <= nfds && plan_string(env, plan, "rootfs", root, sizeof root));
+  PLAN("read the plan", next <= nfds && plan_string(env, plan, "rootfs", root, sizeof root));
   /* Forked ahead, before its cgroup was known: the child moves itself. */
   if (clone_into >= 0) {
     int procs;
@@ -266,7 +267,7 @@ static napi_value enter(napi_env env, napi_callback_info info) {
     snprintf(path, sizeof path, "%s/proc/%s", root, item);
     if (mount("/dev/null", path, NULL, MS_BIND, NULL) < 0 && errno != ENOENT) goto failed;
   }
-  PLAN(plan_string(env, plan, "mask_options", text, sizeof text));
+  PLAN("mask /proc", plan_string(env, plan, "mask_options", text, sizeof text));
   for (uint32_t i = 0; plan_item(env, plan, "masked_dirs", i, item, sizeof item); i++) {
     snprintf(path, sizeof path, "%s/proc/%s", root, item);
     if (mount("tmpfs", path, "tmpfs", MS_RDONLY | nsdx, text) < 0 && errno != ENOENT)
@@ -282,24 +283,20 @@ static napi_value enter(napi_env env, napi_callback_info info) {
     STEP("remount /proc read-only",
          mount(path, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | nsdx, NULL));
   }
-  step = "bind /dev";
-  PLAN(plan_string(env, plan, "dev_template", text, sizeof text));
+  PLAN("bind /dev", plan_string(env, plan, "dev_template", text, sizeof text));
   snprintf(path, sizeof path, "%s/dev", root);
   STEP("bind /dev", mount(text, path, NULL, MS_BIND | MS_REC, NULL));
-  step = "mount /dev/shm";
-  PLAN(plan_string(env, plan, "shm_options", text, sizeof text));
+  PLAN("mount /dev/shm", plan_string(env, plan, "shm_options", text, sizeof text));
   snprintf(path, sizeof path, "%s/dev/shm", root);
   STEP("mount /dev/shm", mount("tmpfs", path, "tmpfs", nsdx, text));
-  step = "mount /tmp";
-  PLAN(plan_string(env, plan, "tmp_options", text, sizeof text));
+  PLAN("mount /tmp", plan_string(env, plan, "tmp_options", text, sizeof text));
   snprintf(path, sizeof path, "%s/tmp", root);
   STEP("mount /tmp", mount("tmpfs", path, "tmpfs", nsd, text));
   STEP("chdir to the root", chdir(root));
   STEP("pivot_root", syscall(SYS_pivot_root, ".", "."));
   STEP("detach the old root", umount2(".", MNT_DETACH));
   STEP("chdir /", chdir("/"));
-  step = "sethostname";
-  PLAN(plan_string(env, plan, "hostname", text, sizeof text));
+  PLAN("sethostname", plan_string(env, plan, "hostname", text, sizeof text));
   STEP("sethostname", sethostname(text, strlen(text)));
   struct rlimit files = {(rlim_t)plan_int(env, plan, "max_open_files"), 0}, core = {0, 0};
   files.rlim_max = files.rlim_cur;
@@ -319,8 +316,7 @@ static napi_value enter(napi_env env, napi_callback_info info) {
   struct __user_cap_data_struct none[2];
   memset(none, 0, sizeof none);
   STEP("capset", syscall(SYS_capset, &header, none));
-  step = "chdir";
-  PLAN(plan_string(env, plan, "cwd", text, sizeof text));
+  PLAN("chdir", plan_string(env, plan, "cwd", text, sizeof text));
   STEP("chdir", chdir(text));
   STEP("parent-death signal", prctl(PR_SET_PDEATHSIG, SIGKILL));
   /* The channel, stdout and stderr may have arrived as any numbers, 0 to 2 included:
@@ -342,8 +338,7 @@ static napi_value enter(napi_env env, napi_callback_info info) {
   STEP("stdin", dup3(devnull, 0, 0));
   close(devnull);
   STEP("no_new_privs", prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
-  step = "seccomp";
-  PLAN(plan_string(env, plan, "seccomp", seccomp_hex, sizeof seccomp_hex));
+  PLAN("seccomp", plan_string(env, plan, "seccomp", seccomp_hex, sizeof seccomp_hex));
   size_t bytes = strlen(seccomp_hex) / 2;
   static struct sock_filter program[(sizeof seccomp_hex / 2) / sizeof(struct sock_filter)];
   for (size_t i = 0; i < bytes; i++) /* lower-case hex, from the sandbox crate */
