@@ -36,7 +36,7 @@ pub struct Templates {
     /// links the same interpreter file.
     running: Mutex<HashMap<InterpreterKey, Arc<Template>>>,
     /// The compiled python bootstrap, by interpreter as above.
-    python_code: Mutex<HashMap<InterpreterKey, Option<Arc<str>>>>,
+    python_code: Mutex<HashMap<InterpreterKey, Option<Arc<[u8]>>>>,
     starter: Mutex<mpsc::Sender<StartRequest>>,
 }
 
@@ -128,10 +128,10 @@ impl Templates {
         Ok(template)
     }
 
-    /// The python bootstrap compiled by the interpreter under `root` (marshalled, hex):
-    /// a plain start then skips compiling its ~400 lines (several ms). Made on first use
+    /// The python bootstrap compiled by the interpreter under `root` (marshalled): a
+    /// plain start then skips compiling its ~400 lines (several ms). Made on first use
     /// and kept per interpreter; `None` if that interpreter could not make it.
-    pub fn python_bootstrap_code(&self, root: &Path) -> Option<Arc<str>> {
+    pub fn python_bootstrap_code(&self, root: &Path) -> Option<Arc<[u8]>> {
         let (real, key) = identify(&root.join("usr/bin/python3")).ok()?;
         if let Some(code) = self.python_code.lock().unwrap().get(&key) {
             return code.clone();
@@ -161,11 +161,11 @@ fn identify(interpreter: &Path) -> Result<(PathBuf, InterpreterKey)> {
 
 /// Runs `python` (on the host, as its template does) to compile the bootstrap under
 /// the name `-c` gives, which its tracebacks filter on.
-fn compile_python_bootstrap(python: &Path) -> Result<String> {
+fn compile_python_bootstrap(python: &Path) -> Result<Vec<u8>> {
     use std::io::Write;
     use std::process::{Command, Stdio};
     const COMPILE: &str = "import marshal, sys; \
-        sys.stdout.write(marshal.dumps(compile(sys.stdin.read(), '<string>', 'exec')).hex())";
+        sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(), '<string>', 'exec')))";
     let mut child = Command::new(python)
         .args(["-I", "-S", "-c", COMPILE])
         .env_clear()
@@ -189,7 +189,7 @@ fn compile_python_bootstrap(python: &Path) -> Result<String> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    Ok(String::from_utf8(out.stdout)?)
+    Ok(out.stdout)
 }
 
 /// The addon, written once under the data directory (node loads addons from files);

@@ -4,8 +4,56 @@
 # waits on fd 0 for sandbox plans and forks an instance into each (see template()).
 # Only what every instance needs is imported up front (a plain cold start pays for each
 # module): socket, threading and traceback come when used.
-import io, json, os, struct, sys, time
+import io, os, struct, sys, time, _json
 HEAD = struct.Struct(">II")
+WHITESPACE = " \t\n\r"
+
+# JSON through the json module's C half alone: `import json` costs a plain start ~12 ms
+# here, nearly all of it re and enum, which its pure-python half needs and we do not.
+
+
+class Decoding:
+    """What json's C scanner reads from a decoder: the json module's defaults."""
+
+    strict = True
+    object_hook = object_pairs_hook = None
+    parse_float, parse_int = float, int
+    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+
+
+def not_serializable(value):
+    raise TypeError(f"Object of type {value.__class__.__name__} is not JSON serializable")
+
+
+scan = _json.make_scanner(Decoding)
+
+
+def json_loads(data):
+    """json.loads(data) for bytes. What the scanner alone would not read exactly as json
+    does (a BOM, UTF-16 or -32, no value, trailing data) goes to json itself, which
+    answers or raises as it always does."""
+    if data[:3] != b"\xef\xbb\xbf" and b"\0" not in data[:4]:
+        text = data.decode("utf-8", "surrogatepass")
+        try:
+            value, end = scan(text, len(text) - len(text.lstrip(WHITESPACE)))
+            if not text[end:].strip(WHITESPACE):
+                return value
+        except StopIteration:
+            pass
+    import json
+
+    return json.loads(data)
+
+
+def json_dumps(value, separators=(", ", ": ")):
+    """json.dumps(value, separators=separators)."""
+    if isinstance(value, str):
+        return _json.encode_basestring_ascii(value)
+    item, key = separators
+    # A fresh encoder each time, as json makes one: its record of the containers being
+    # encoded (for cycles) keeps what an error interrupted.
+    encode = _json.make_encoder({}, not_serializable, _json.encode_basestring_ascii, None, key, item, False, False, True)
+    return "".join(encode(value, 0))
 
 
 class Unshared:
@@ -36,7 +84,7 @@ def attach(fd):
 
 
 def send(meta, body=b""):
-    meta = json.dumps(meta, separators=(",", ":")).encode()
+    meta = json_dumps(meta, (",", ":")).encode()
     frame = memoryview(HEAD.pack(len(meta), len(body)) + meta + body)
     with send_lock:
         while frame:
@@ -85,7 +133,7 @@ def event_of(body):
     if not body:
         return None
     try:
-        return json.loads(body)
+        return json_loads(body)
     except ValueError:
         try:
             return body.decode()
@@ -120,7 +168,7 @@ def encode(result):
         for k, v in inner.items():
             headers.setdefault(k, v)
         return int(result["statusCode"]), headers, body
-    return 200, {"content-type": "application/json"}, json.dumps(result).encode()
+    return 200, {"content-type": "application/json"}, json_dumps(result).encode()
 
 
 def serve(meta, body):
@@ -175,7 +223,7 @@ def run(spec, concurrency):
     send({"t": "ready"})
     while True:
         meta_len, body_len = HEAD.unpack(read_exact(HEAD.size))
-        meta = json.loads(read_exact(meta_len))
+        meta = json_loads(read_exact(meta_len))
         body = read_exact(body_len)
         if concurrency == 1:
             serve(meta, body)
@@ -302,10 +350,10 @@ def template():
     def become(plan_bytes, fds):
         """In a spare child: build the sandbox from the plan, then serve as an instance."""
         try:
-            plan = json.loads(plan_bytes)
+            plan = json_loads(plan_bytes)
             keep = enter(plan, fds)
         except BaseException as e:
-            msg = json.dumps({"t": "init_error"}).encode()
+            msg = json_dumps({"t": "init_error"}).encode()
             body = f"cannot set up the sandbox: {e}".encode()
             os.write(fds[0], HEAD.pack(len(msg), len(body)) + msg + body)
             os._exit(125)
@@ -360,12 +408,12 @@ def template():
             waiting = None
             try:
                 socket.send_fds(sock, [msg], fds)
-                socket.send_fds(control, [json.dumps({"pid": pid}).encode()], [pidfd])
+                socket.send_fds(control, [json_dumps({"pid": pid}).encode()], [pidfd])
             finally:
                 os.close(pidfd)
                 sock.close()
         except Exception as e:
-            control.send(json.dumps({"error": str(e)}).encode())
+            control.send(json_dumps({"error": str(e)}).encode())
         finally:
             for fd in fds:
                 os.close(fd)
