@@ -185,19 +185,23 @@ impl Invocations {
     }
 
     /// Keeps `record`; async ones reach the disk (fsynced) before this returns, so an
-    /// acknowledged async invocation survives a crash.
+    /// acknowledged async invocation survives a crash. Call it on the daemon's runtime:
+    /// the disk writes give up the thread's other work while they wait.
     pub fn put(&self, record: &Record, request: Option<&StoredRequest>) -> std::io::Result<()> {
         if record.is_async {
-            if let Some(request) = request {
-                write_synced(
-                    &self.request_path(&record.id),
-                    &serde_json::to_vec(request)?,
-                )?;
-            }
-            write_synced(&self.record_path(&record.id), &serde_json::to_vec(record)?)?;
-            if !matches!(record.status, Status::Queued | Status::Running) {
-                let _ = std::fs::remove_file(self.request_path(&record.id));
-            }
+            tokio::task::block_in_place(|| -> std::io::Result<()> {
+                if let Some(request) = request {
+                    write_synced(
+                        &self.request_path(&record.id),
+                        &serde_json::to_vec(request)?,
+                    )?;
+                }
+                write_synced(&self.record_path(&record.id), &serde_json::to_vec(record)?)?;
+                if !matches!(record.status, Status::Queued | Status::Running) {
+                    let _ = std::fs::remove_file(self.request_path(&record.id));
+                }
+                Ok(())
+            })?;
         }
         let now = SystemTime::now();
         let mut inner = self.inner.lock().unwrap();

@@ -55,6 +55,8 @@ pub struct Config {
     pub keep_records: Duration,
     /// python3 cold starts fork from a template process (else the interpreter starts).
     pub templates: bool,
+    /// Threads that serve HTTP and dispatch calls.
+    pub threads: usize,
 }
 
 /// Which listener a request came in on: deploying a host path is for the Unix socket
@@ -107,6 +109,7 @@ pub fn serve(config: Config, spawner: RemoteSpawner) -> Result<()> {
         )
     })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.threads)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

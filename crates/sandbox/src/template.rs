@@ -81,23 +81,111 @@ pub fn plan<'a>(spec: &Spec, entry: &Entry, seccomp: &'a str) -> (Plan<'a>, Vec<
     (plan, fds)
 }
 
-/// A running template process (a zygote) that forks sandboxes from plans sent over a
-/// SEQPACKET control socket on its stdin: the plan as JSON, its descriptors by
-/// SCM_RIGHTS; it answers `{"pid": N}` with the new child's pidfd, or `{"error": ...}`.
-/// Children are clone3'd with CLONE_PARENT: they are the caller's, as with a
-/// [`crate::RemoteSpawner`].
+/// A running template process (a zygote) that forks spare children ahead of need.
+/// Over a SEQPACKET control socket on its stdin it gets requests for spares, `next`
+/// (when it suits: it first leaves a start just begun the CPU for a few ms) or `now`,
+/// and answers each with `{"pid": N}` and the spare's pidfd and plan socket, or with
+/// `{"error": ...}`. A start sends its plan (JSON, descriptors beside it) straight to a
+/// spare, which builds the sandbox from it and becomes the instance: the template is
+/// off the start's path. Spares are clone3'd with CLONE_PARENT: they are the caller's,
+/// as with a [`crate::RemoteSpawner`].
 pub struct Template {
-    control: std::sync::Mutex<std::os::fd::OwnedFd>,
+    control: std::sync::Mutex<Control>,
     process: std::sync::Mutex<std::process::Child>,
     /// The seccomp program every plan carries, hex: made once, not per start.
     seccomp: String,
 }
 
+/// The template's control socket and the spares it has handed over.
+struct Control {
+    socket: std::os::fd::OwnedFd,
+    spares: std::collections::VecDeque<Spare>,
+    /// Requests for spares not yet answered.
+    asked: usize,
+}
+
+/// A child forked ahead, waiting for its plan; killed and reaped if never used.
+struct Spare {
+    child: Option<crate::Child>,
+    plan: std::os::fd::OwnedFd,
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            let _ = child.kill(libc::SIGKILL);
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Control {
+    fn ask(&mut self, when: &[u8]) -> anyhow::Result<()> {
+        crate::server::send_with_fds(self.socket.as_raw_fd(), when, &[])
+            .map_err(|e| anyhow::anyhow!("the template is gone: {e}"))?;
+        self.asked += 1;
+        Ok(())
+    }
+
+    /// Takes one answer if it comes within `wait_ms`.
+    fn receive(&mut self, wait_ms: i32) -> anyhow::Result<Option<Spare>> {
+        use anyhow::{bail, Context};
+        let mut pfd = libc::pollfd {
+            fd: self.socket.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on our own socket.
+        if unsafe { libc::poll(&mut pfd, 1, wait_ms) } <= 0 {
+            return Ok(None);
+        }
+        let mut buf = [0u8; 4096];
+        let (n, mut fds) = crate::server::recv_with_fds(self.socket.as_raw_fd(), &mut buf)
+            .context("the template did not answer")?;
+        if n == 0 {
+            bail!("the template exited");
+        }
+        self.asked -= 1;
+        let reply: serde_json::Value = serde_json::from_slice(&buf[..n])?;
+        if let Some(error) = reply["error"].as_str() {
+            bail!("the template could not fork: {error}");
+        }
+        let pid = reply["pid"]
+            .as_i64()
+            .context("the template's answer has no pid")? as i32;
+        let (Some(plan), Some(pidfd)) = (fds.pop(), fds.pop()) else {
+            bail!("the template's answer lacks the spare's descriptors");
+        };
+        Ok(Some(Spare {
+            child: Some(crate::Child { pid, pidfd }),
+            plan,
+        }))
+    }
+
+    /// A spare: one already handed over, else one asked for now (up to 10 s).
+    fn take(&mut self) -> anyhow::Result<Spare> {
+        while self.asked > 0 {
+            match self.receive(0)? {
+                Some(spare) => self.spares.push_back(spare),
+                None => break,
+            }
+        }
+        if let Some(spare) = self.spares.pop_front() {
+            return Ok(spare);
+        }
+        // A `next` still pending ends its pause on this `now`; its spare waits here
+        // for the start after.
+        self.ask(b"now")?;
+        self.receive(10_000)?
+            .ok_or_else(|| anyhow::anyhow!("the template did not answer within 10 s"))
+    }
+}
+
 impl Template {
     /// Starts `argv` with the environment `env` (nothing else of ours) as a template and
-    /// waits (up to 10 s) for its `ready`. It gets a parent-death SIGKILL tied to the
-    /// *calling thread*: call this from a thread that lives as long as the template
-    /// should.
+    /// waits (up to 10 s) for its `ready`, then asks it for a first spare. It gets a
+    /// parent-death SIGKILL tied to the *calling thread*: call this from a thread that
+    /// lives as long as the template should.
     pub fn start(argv: &[String], env: &[(String, String)]) -> anyhow::Result<Template> {
         use anyhow::Context;
         use std::os::unix::process::CommandExt;
@@ -136,30 +224,35 @@ impl Template {
         } else {
             -1
         };
-        let template = Template {
-            control: std::sync::Mutex::new(ours),
+        let mut control = Control {
+            socket: ours,
+            spares: std::collections::VecDeque::new(),
+            asked: 0,
+        };
+        if n <= 0 || &buf[..n as usize] != b"ready" {
+            anyhow::bail!("the template {} did not start", argv[0]);
+        }
+        control.ask(b"next")?;
+        Ok(Template {
+            control: std::sync::Mutex::new(control),
             process: std::sync::Mutex::new(process),
             seccomp: Filter::docker_default()
                 .to_bytes()
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect(),
-        };
-        if n <= 0 || &buf[..n as usize] != b"ready" {
-            anyhow::bail!("the template {} did not start", argv[0]);
-        }
-        Ok(template)
+        })
     }
 
-    /// Forks a sandbox for `spec` in the cgroup `entry`; `extra` goes into the plan for
-    /// the template's own use (what to run in the child).
+    /// Starts a sandbox for `spec` in the cgroup `entry` from a spare; `extra` goes
+    /// into the plan for the template's own use (what to run in the child).
     pub fn fork(
         &self,
         spec: &Spec,
         entry: &Entry,
         extra: serde_json::Map<String, serde_json::Value>,
     ) -> anyhow::Result<crate::Child> {
-        use anyhow::{bail, Context};
+        use anyhow::Context;
         let (plan, fds) = plan(spec, entry, &self.seccomp);
         let mut value = serde_json::to_value(plan)?;
         value
@@ -167,27 +260,16 @@ impl Template {
             .expect("a plan is an object")
             .extend(extra);
         let message = serde_json::to_vec(&value)?;
-        let control = self.control.lock().unwrap();
-        crate::server::send_with_fds(control.as_raw_fd(), &message, &fds)
-            .context("the template is gone")?;
-        let mut buf = vec![0u8; 64 << 10];
-        let (n, mut received) = crate::server::recv_with_fds(control.as_raw_fd(), &mut buf)
-            .context("the template did not answer")?;
+        let mut control = self.control.lock().unwrap();
+        let mut spare = control.take()?;
+        // The next spare, made while this start runs.
+        if control.spares.is_empty() && control.asked == 0 {
+            control.ask(b"next")?;
+        }
         drop(control);
-        if n == 0 {
-            bail!("the template exited");
-        }
-        let reply: serde_json::Value = serde_json::from_slice(&buf[..n])?;
-        if let Some(error) = reply["error"].as_str() {
-            bail!("the template could not fork: {error}");
-        }
-        let pid = reply["pid"]
-            .as_i64()
-            .context("the template's reply has no pid")? as i32;
-        let pidfd = received
-            .pop()
-            .context("the template's reply has no pidfd")?;
-        Ok(crate::Child { pid, pidfd })
+        crate::server::send_with_fds(spare.plan.as_raw_fd(), &message, &fds)
+            .context("the spare is gone")?;
+        Ok(spare.child.take().expect("an unused spare has its child"))
     }
 
     /// Whether the template process still runs.

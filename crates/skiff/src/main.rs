@@ -73,6 +73,11 @@ enum Command {
         /// (a zygote), `plain` starts the interpreter in the sandbox.
         #[arg(long, env = "SKIFF_COLD_START", default_value = "template", value_parser = ["template", "plain"])]
         cold_start: String,
+        /// Threads that serve HTTP and dispatch calls [default: a quarter of the CPUs,
+        /// at least 1]. The functions' instances need the rest, and handing a request
+        /// from one thread to another costs more than the proxying it would spread.
+        #[arg(long, env = "SKIFF_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+        threads: Option<u16>,
     },
     /// Deploy a function directory (with skiff.yaml) to the daemon.
     Deploy {
@@ -207,12 +212,14 @@ fn main() -> ExitCode {
             listen,
             keep_records,
             cold_start,
+            threads,
         } => serve(
             &data,
             &cli.socket,
             listen,
             keep_records,
             cold_start == "template",
+            threads.map_or_else(default_threads, usize::from),
         )
         .map(|()| 0),
         Command::Deploy { dir } => remote::deploy(&target, &dir).map(|()| 0),
@@ -299,6 +306,7 @@ fn serve(
     listen: std::net::SocketAddr,
     keep_records: std::time::Duration,
     templates: bool,
+    threads: usize,
 ) -> anyhow::Result<()> {
     let spawner = skiff_sandbox::RemoteSpawner::start()?;
     skiff_daemon::serve(
@@ -308,7 +316,13 @@ fn serve(
             listen,
             keep_records,
             templates,
+            threads,
         },
         spawner,
     )
+}
+
+/// `skiff serve`'s threads when not given: a quarter of the CPUs, at least one.
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).max(1))
 }

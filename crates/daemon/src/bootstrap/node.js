@@ -243,42 +243,32 @@ function template(addon) {
   });
   outer.write(frame(meta, Buffer.from('{"warm": [1, "x", null]}')));
 
-  // The template's loop: answers plans with spare children; returns only in a child.
+  // The template's loop: each request on the control socket is for one spare child,
+  // handed over with its pidfd and plan socket (the daemon sends the plan to the spare
+  // itself). Returns only in a child.
   function forkLoop() {
-    let waiting = spare();
-    if (waiting === null) return;
     native.sendFds(control, Buffer.from("ready"), []);
     const pollfd = Buffer.alloc(8);
     pollfd.writeInt32LE(control, 0);
     pollfd.writeInt16LE(1, 4); // POLLIN
     for (;;) {
-      const [message, fds] = native.recvFds(control);
-      if (message === null) native.exit(0);
+      const [request] = native.recvFds(control);
+      if (request === null) native.exit(0);
+      if (request.toString() === "next") {
+        // After a start: leave it the CPU for a while, unless a spare is wanted now.
+        S(NR.poll, pollfd, 1, 5);
+      }
       try {
-        const child = waiting || spare();
+        const child = spare();
         if (child === null) return;
-        waiting = null;
         try {
-          check(native.sendFds(child.ours, message, fds), "hand the plan over");
-          native.sendFds(control, Buffer.from(JSON.stringify({ pid: child.pid })), [child.pidfd]);
+          native.sendFds(control, Buffer.from(JSON.stringify({ pid: child.pid })), [child.pidfd, child.ours]);
         } finally {
           S(NR.close, child.pidfd);
           S(NR.close, child.ours);
         }
       } catch (e) {
         native.sendFds(control, Buffer.from(JSON.stringify({ error: e.message })), []);
-      } finally {
-        for (const fd of fds) S(NR.close, fd);
-      }
-      // The next one once the start has had the CPU for a while: off its path.
-      pollfd.writeInt16LE(0, 6);
-      if (S(NR.poll, pollfd, 1, 5) === 0) {
-        try {
-          waiting = spare();
-          if (waiting === null) return;
-        } catch {
-          waiting = null;
-        }
       }
     }
   }

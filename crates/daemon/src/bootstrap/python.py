@@ -397,32 +397,25 @@ def template():
     sys.executable = "/usr/bin/python3.11"
     sys.path_importer_cache.clear()
     importlib.invalidate_caches()
-    waiting = spare()
     control.send(b"ready")
+    # Each request is for one spare, handed over with its pidfd and plan socket: the
+    # daemon sends the plan to the spare itself.
     while True:
-        msg, fds, _, _ = socket.recv_fds(control, 1 << 20, 16)
-        if not msg:
+        request = control.recv(16)
+        if not request:
             os._exit(0)
+        if request == b"next":
+            # After a start: leave it the CPU for a while, unless a spare is wanted now.
+            select.select([control], [], [], 0.005)
         try:
-            pid, pidfd, sock = waiting or spare()
-            waiting = None
+            pid, pidfd, sock = spare()
             try:
-                socket.send_fds(sock, [msg], fds)
-                socket.send_fds(control, [json_dumps({"pid": pid}).encode()], [pidfd])
+                socket.send_fds(control, [json_dumps({"pid": pid}).encode()], [pidfd, sock.fileno()])
             finally:
                 os.close(pidfd)
                 sock.close()
         except Exception as e:
             control.send(json_dumps({"error": str(e)}).encode())
-        finally:
-            for fd in fds:
-                os.close(fd)
-        # The next one once the start has had the CPU for a while: off its path.
-        if not select.select([control], [], [], 0.005)[0]:
-            try:
-                waiting = spare()
-            except OSError:
-                waiting = None
 
 
 if sys.argv[1] == "--template":
