@@ -9,7 +9,7 @@ import time
 
 n, root, bundle, runc, node_root = sys.argv[1:6]
 n = int(n)
-CODE = "import io, os, struct, sys, time, _json"
+CODE = "import io, os, select, struct, sys, time, _json"
 bare = [f"{root}/usr/bin/python3.11", "-I", "-S", "-c", CODE]
 node = [f"{node_root}/usr/bin/node", "-e", "require('net'); require('path'); require('async_hooks')"]
 for label, argv in [("python3 bare process", bare), ("node bare process", node),

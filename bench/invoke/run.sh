@@ -99,7 +99,7 @@ c["root"] = {"path": root, "readonly": True}
 c["process"]["terminal"] = False
 c["process"]["cwd"] = "/code"
 c["process"]["args"] = ["/usr/bin/python3.11", "-I", "-S", "-c",
-                        "import io, os, struct, sys, time, _json"]
+                        "import io, os, select, struct, sys, time, _json"]
 # runc puts the container below our own cgroup in every hierarchy.
 c["linux"]["cgroupsPath"] = "skiff-bench-runc/cold"
 json.dump(c, open(path, "w"), indent=1)

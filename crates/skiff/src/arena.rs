@@ -1,14 +1,17 @@
-//! The process's allocator: a bump arena in front of the system allocator.
+//! The process's allocator: a bump arena in front of mimalloc.
 //!
 //! `skiff run` is a short-lived process on the sandbox start path; musl's allocator
 //! returns freed pages to the kernel eagerly, and the munmap and page-fault churn cost
 //! more CPU than everything skiff itself computes (measured with `perf`). Small
 //! allocations therefore come from a static arena and are never freed (the one on top
 //! of the arena can be grown or popped); once the arena is used up, or for large
-//! blocks, the system allocator takes over, so a long-running process wastes at most
-//! the arena's size.
+//! blocks, mimalloc takes over, so a long-running process wastes at most the arena's
+//! size. Not musl's allocator there either: in `skiff serve` under load it took ~10% of
+//! the daemon's CPU (its global lock and slot bookkeeping, in `perf`).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
+
+use mimalloc::MiMalloc as Fallback;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -65,12 +68,12 @@ unsafe impl GlobalAlloc for Arena {
                 }
             }
         }
-        System.alloc(layout)
+        Fallback.alloc(layout)
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if !self.contains(ptr) {
-            return System.dealloc(ptr, layout);
+            return Fallback.dealloc(ptr, layout);
         }
         // Pop the block if it is the last one handed out; otherwise it stays.
         let end = ptr as usize - self.base() + layout.size();
@@ -83,19 +86,21 @@ unsafe impl GlobalAlloc for Arena {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if self.contains(ptr) {
-            // Grow or shrink in place when the block is the last one.
-            let start = ptr as usize - self.base();
-            let end = start + layout.size();
-            if start + new_size <= ARENA_SIZE
-                && new_size <= LARGE
-                && self
-                    .next
-                    .compare_exchange(end, start + new_size, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
-            {
-                return ptr;
-            }
+        if !self.contains(ptr) {
+            // It stays with the fallback, which may grow it in place.
+            return Fallback.realloc(ptr, layout, new_size);
+        }
+        // Grow or shrink in place when the block is the last one.
+        let start = ptr as usize - self.base();
+        let end = start + layout.size();
+        if start + new_size <= ARENA_SIZE
+            && new_size <= LARGE
+            && self
+                .next
+                .compare_exchange(end, start + new_size, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            return ptr;
         }
         let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
         let new = self.alloc(new_layout);
