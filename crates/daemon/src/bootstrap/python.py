@@ -370,6 +370,20 @@ def template():
         attach(keep)
         run(plan["handler"], plan["concurrency"])
 
+    def rehearse():
+        """In a spare, while it waits: what every start does that needs no plan. Each object
+        it touches sits on a page the spare shares with the template, copied on first
+        write (a reference count will do): copied now, not on the start's path. From plan
+        to first reply: 412 -> 264 page faults, for 158 more while waiting."""
+        json_loads(json_dumps({"env": ["A=B"], "seccomp": "00" * 64, "uid": 1, "readonly": ["x"]}).encode())
+        ctx = Context()
+        ctx.deadline = time.time()
+        encode(None), encode("ok"), encode({"a": [1]}), encode({"statusCode": 200, "body": "x"})
+        json_dumps({"t": "result", "id": 1, "status": 200, "headers": {}}, (",", ":"))
+        bytes.fromhex("00" * 64)
+        for f in (libc.mount, libc.prctl, libc.syscall, libc.unshare, libc.umount2, libc.sethostname):
+            f.argtypes
+
     def spare():
         """Forks a child ahead of need (a start then skips the fork, ~1 ms here): it
         waits in its new namespaces, as the daemon's child, for the plan it will
@@ -389,6 +403,7 @@ def template():
         if pid == 0:
             ours.close()
             control.close()
+            rehearse()
             msg, fds, _, _ = socket.recv_fds(theirs, 1 << 20, 16)
             if not msg:
                 os._exit(0)
