@@ -104,6 +104,17 @@ struct Control {
     asked: usize,
 }
 
+/// Whether `fd` has something to read within `wait_ms`.
+fn readable(fd: RawFd, wait_ms: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on a descriptor the caller owns.
+    unsafe { libc::poll(&mut pfd, 1, wait_ms) > 0 }
+}
+
 /// A child forked ahead, waiting for its plan; killed and reaped if never used.
 struct Spare {
     child: Option<crate::Child>,
@@ -130,13 +141,7 @@ impl Control {
     /// Takes one answer if it comes within `wait_ms`.
     fn receive(&mut self, wait_ms: i32) -> anyhow::Result<Option<Spare>> {
         use anyhow::{bail, Context};
-        let mut pfd = libc::pollfd {
-            fd: self.socket.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd on our own socket.
-        if unsafe { libc::poll(&mut pfd, 1, wait_ms) } <= 0 {
+        if !readable(self.socket.as_raw_fd(), wait_ms) {
             return Ok(None);
         }
         let mut buf = [0u8; 4096];
@@ -210,15 +215,8 @@ impl Template {
         // Our copy of the template's end goes now: a template that dies before its
         // `ready` shows as the end of the socket, not as a 10 s wait.
         drop(command);
-        let mut pfd = libc::pollfd {
-            fd: ours.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd on our own socket.
-        let ready = unsafe { libc::poll(&mut pfd, 1, 10_000) } > 0;
         let mut buf = [0u8; 16];
-        let n = if ready {
+        let n = if readable(ours.as_raw_fd(), 10_000) {
             // SAFETY: reading into a local buffer from our own socket.
             unsafe { libc::recv(ours.as_raw_fd(), buf.as_mut_ptr().cast(), 16, 0) }
         } else {

@@ -1,7 +1,8 @@
 // skiff's node bootstrap. As an instance (argv: HANDLER) it loads the handler once,
 // then serves invocations over the framed channel on fd 0 (frame: u32 meta length, u32
-// body length, JSON meta, body). As a template (argv: @template ADDON) it waits on fd 0
-// for sandbox plans and forks an instance into each (see template()).
+// body length, JSON meta, body). As a template (argv: @template ADDON) it forks spare
+// children on request on fd 0, each of which becomes an instance from the plan the
+// daemon sends it (see template()).
 "use strict";
 // One function scope: none of this (the template's native half least of all) is visible
 // to a handler as a global.
@@ -123,8 +124,8 @@ function serveInstance(fd, spec) {
 }
 
 // The zygote: node started with this bootstrap, as root in the host's namespaces. For
-// each plan on the control socket (fd 0; the plan as JSON, its descriptors beside it) a
-// child forked ahead becomes the sandbox the plan describes (native.enter, which
+// each plan the daemon sends a spare child (the plan as JSON, its descriptors beside
+// it), that child becomes the sandbox the plan describes (native.enter, which
 // replays the steps of skiff's native spawner, crates/sandbox/src/child.rs), and
 // then an instance: node's start and the bootstrap's loading are skipped. Returns only
 // in such a child, which then runs on node's event loop; the template itself loops.

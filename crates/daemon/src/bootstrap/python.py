@@ -1,7 +1,8 @@
 # skiff's python3 bootstrap. As an instance (argv: HANDLER CONCURRENCY) it imports the
 # handler once, then serves invocations over the framed channel on fd 0 (frame: u32
 # meta length, u32 body length, JSON meta, body). As a template (argv: --template) it
-# waits on fd 0 for sandbox plans and forks an instance into each (see template()).
+# forks spare children on request on fd 0, each of which becomes an instance from the
+# plan the daemon sends it (see template()).
 # Only what every instance needs is imported up front (a plain cold start pays for each
 # module): socket, threading and traceback come when used.
 import io, os, select, struct, sys, time, _json
@@ -243,10 +244,11 @@ def run(spec, concurrency):
 
 def template():
     """The zygote: an interpreter with this bootstrap loaded, as root in the host's
-    namespaces. For each plan on the control socket (fd 0; the plan as JSON, the
-    descriptors beside it) it clones a child into new namespaces and its cgroup; the
-    child builds its sandbox from the plan, as skiff's native spawner does, and becomes
-    an instance, skipping the interpreter's start."""
+    namespaces. For each request on the control socket (fd 0) it clones a spare child
+    into new namespaces and hands the daemon its pidfd and plan socket; the child takes
+    the plan the daemon sends (JSON, the descriptors beside it), joins its cgroup, builds
+    its sandbox as skiff's native spawner does, and becomes an instance, skipping the
+    interpreter's start."""
     # Imported now: after pivot_root the child cannot find them at these paths.
     import ctypes, importlib, resource, socket, threading, traceback
 
