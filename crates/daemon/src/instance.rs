@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use skiff_cgroups::{Limits, Slot};
+use skiff_sandbox::template::Template;
 use skiff_sandbox::{Child, ExitStatus, Spec};
 use tokio::io::unix::AsyncFd;
 use tokio::io::AsyncWriteExt;
@@ -90,6 +91,8 @@ pub struct Instance {
     /// Spawn to `ready`: what a cold start cost.
     pub init: Duration,
     child: Child,
+    /// The template to teach after the first reply ([`Template::learn_from`]).
+    teaches: Mutex<Option<Arc<Template>>>,
     slot: Slot,
     netns_slot: Option<usize>,
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
@@ -123,6 +126,8 @@ impl From<anyhow::Error> for StartError {
 /// The sandbox side of a start, done on a blocking thread.
 struct Spawned {
     child: Child,
+    /// The template it was forked from, if that has not yet learnt from an instance.
+    teaches: Option<Arc<Template>>,
     slot: Slot,
     netns_slot: Option<usize>,
     chan: StdUnixStream,
@@ -257,7 +262,7 @@ fn spawn_sandbox(
     let netns_slot = netns.as_ref().map(|(n, _)| *n);
     spec.netns = netns.as_ref().map(|(_, fd)| fd.try_clone()).transpose()?;
     let started = match from_template(engine, f, &spec, &entry) {
-        Some(Ok(child)) => Ok(child),
+        Some(Ok((child, template))) => Ok((child, template.wants_lesson().then_some(template))),
         fallback => {
             if let Some(Err(e)) = fallback {
                 eprintln!(
@@ -275,15 +280,17 @@ fn spawn_sandbox(
             match command {
                 Ok(argv) => {
                     spec.argv = argv;
-                    engine.spawner.spawn(&spec, &entry).map_err(|e| e.message)
+                    let child = engine.spawner.spawn(&spec, &entry);
+                    child.map(|child| (child, None)).map_err(|e| e.message)
                 }
                 Err(e) => Err(format!("{e:#}")),
             }
         }
     };
     match started {
-        Ok(child) => Ok(Spawned {
+        Ok((child, teaches)) => Ok(Spawned {
             child,
+            teaches,
             slot,
             netns_slot,
             chan: ours,
@@ -297,13 +304,13 @@ fn spawn_sandbox(
 }
 
 /// A python3 or node instance forked from its runtime's template, when templates are
-/// on; `None` for the plain path.
+/// on (with the template it came from); `None` for the plain path.
 fn from_template(
     engine: &Engine,
     f: &Function,
     spec: &Spec,
     entry: &skiff_cgroups::Entry,
-) -> Option<Result<Child>> {
+) -> Option<Result<(Child, Arc<Template>)>> {
     if !engine.use_templates {
         return None;
     }
@@ -382,6 +389,7 @@ impl Instance {
             started: SystemTime::now(),
             init: began.elapsed(),
             child: spawned.child,
+            teaches: Mutex::new(spawned.teaches),
             slot: spawned.slot,
             netns_slot: spawned.netns_slot,
             writer: tokio::sync::Mutex::new(writer),
@@ -445,14 +453,17 @@ impl Instance {
                     id,
                     status,
                     headers,
-                } => self.answer(
-                    id,
-                    Reply::Response {
-                        status,
-                        headers,
-                        body,
-                    },
-                ),
+                } => {
+                    self.answer(
+                        id,
+                        Reply::Response {
+                            status,
+                            headers,
+                            body,
+                        },
+                    );
+                    self.teach();
+                }
                 Message::Error { id, status } => self.answer(
                     id,
                     Reply::HandlerError(
@@ -579,6 +590,22 @@ impl Instance {
                 Err(format!("no answer within {} ms", limit.as_millis()))
             }
         }
+    }
+
+    /// After the first reply: what this start touched, for its template's next spares.
+    fn teach(self: &Arc<Self>) {
+        let Some(template) = self.teaches.lock().unwrap().take() else {
+            return;
+        };
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = template.learn_from(&me.child) {
+                eprintln!(
+                    "skiff: warning: a template could not learn from {}: {e:#}",
+                    me.id
+                );
+            }
+        });
     }
 
     /// The cold start this instance's first call pays, once.

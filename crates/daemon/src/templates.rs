@@ -59,14 +59,14 @@ impl Templates {
     }
 
     /// Forks an instance of `f` for `spec` from its runtime's template (started on first
-    /// use); `None` for runtimes without one.
+    /// use), and says which template; `None` for runtimes without one.
     pub fn fork(
         &self,
         data: &Path,
         f: &Function,
         spec: &Spec,
         entry: &Entry,
-    ) -> Option<Result<Child>> {
+    ) -> Option<Result<(Child, Arc<Template>)>> {
         let started = match f.runtime {
             Runtime::Python3 => self.get(&spec.rootfs.join("usr/bin/python3"), || {
                 let argv = ["-I", "-S", "-c", PYTHON_BOOTSTRAP, "--template"];
@@ -77,6 +77,8 @@ impl Templates {
             // compiles its own code up front rather than each fork compiling it again
             // (the bootstrap turns lazy compilation back on for the function's code).
             // The addon is preloaded too, for its madvise (see node_template.c).
+            // --use-largepages: node's code moves to anonymous huge pages, which a fork
+            // shares as they are (a file's pages it would make each child fault in again).
             Runtime::Node if !NODE_TEMPLATE_ADDON.is_empty() => {
                 self.get(&spec.rootfs.join("usr/bin/node"), || {
                     let addon = node_addon(data)?;
@@ -84,6 +86,7 @@ impl Templates {
                         "--v8-pool-size=0",
                         "--single-threaded",
                         "--no-lazy",
+                        "--use-largepages=on",
                         "-e",
                         NODE_BOOTSTRAP,
                         "@template",
@@ -98,7 +101,7 @@ impl Templates {
         let mut extra = serde_json::Map::new();
         extra.insert("handler".into(), f.handler.clone().into());
         extra.insert("concurrency".into(), f.scale.concurrency.into());
-        Some(started.and_then(|template| template.fork(spec, entry, extra)))
+        Some(started.and_then(|template| Ok((template.fork(spec, entry, extra)?, template))))
     }
 
     /// The template for the interpreter at `interpreter` (inside an environment's

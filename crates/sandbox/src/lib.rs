@@ -9,6 +9,7 @@
 
 mod child;
 pub mod devices;
+mod lesson;
 pub mod netns;
 pub mod seccomp;
 mod server;

@@ -94,7 +94,14 @@ pub struct Template {
     process: std::sync::Mutex<std::process::Child>,
     /// The seccomp program every plan carries, hex: made once, not per start.
     seccomp: String,
+    /// Whether an instance has taught it what its spares should populate.
+    taught: std::sync::atomic::AtomicBool,
 }
+
+/// At most this many written pages in a lesson (each costs every spare a page).
+const LESSON_PAGES: u64 = 2048;
+/// At most this many ranges in a lesson: 24 bytes each, one control message.
+const LESSON_RANGES: usize = 4096;
 
 /// The template's control socket and the spares it has handed over.
 struct Control {
@@ -239,7 +246,38 @@ impl Template {
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect(),
+            taught: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Whether no instance has taught the template yet (see [`Template::learn_from`]).
+    pub fn wants_lesson(&self) -> bool {
+        !self.taught.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Once per template: learns from `instance`, forked from it and past its first
+    /// reply, which pages a start touches ([`crate::lesson`]), and has every spare from
+    /// now on populate them while it waits (`learn`, then `(start, length, advice)` as
+    /// little-endian u64s). Returns how many ranges it taught.
+    pub fn learn_from(&self, instance: &crate::Child) -> anyhow::Result<usize> {
+        use anyhow::Context;
+        if self.taught.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return Ok(0);
+        }
+        let ranges = crate::lesson::learn(instance.pid, LESSON_PAGES)
+            .context("cannot read the instance's page map")?;
+        // Still ours: the pid was not reaped (and perhaps reused) while we read.
+        instance.kill(0).context("the instance is gone")?;
+        let mut message = b"learn".to_vec();
+        for range in ranges.iter().take(LESSON_RANGES) {
+            range
+                .iter()
+                .for_each(|v| message.extend_from_slice(&v.to_le_bytes()));
+        }
+        let control = self.control.lock().unwrap();
+        crate::server::send_with_fds(control.socket.as_raw_fd(), &message, &[])
+            .map_err(|e| anyhow::anyhow!("the template is gone: {e}"))?;
+        Ok(ranges.len().min(LESSON_RANGES))
     }
 
     /// Starts a sandbox for `spec` in the cgroup `entry` from a spare; `extra` goes

@@ -192,6 +192,10 @@ function template(addon) {
     serveInstance(keep, plan.handler);
   }
 
+  // The pages an instance's start touched, learnt by the daemon from one of them: each
+  // spare populates them while it waits (native.populate).
+  let lesson = null;
+
   // NEWNS|NEWUTS|NEWIPC|NEWPID|PARENT (the addon adds PIDFD): the child is the daemon's.
   const FLAGS = 0x00020000 | 0x04000000 | 0x08000000 | 0x20000000 | 0x00008000;
   const control = 0;
@@ -223,6 +227,7 @@ function template(addon) {
       S(NR.close, ours);
       S(NR.close, control);
       touchYoungGeneration();
+      if (lesson) native.populate(lesson);
       const [message, fds] = native.recvFds(theirs);
       if (message === null) native.exit(0);
       S(NR.close, theirs);
@@ -270,6 +275,10 @@ function template(addon) {
     for (;;) {
       const [request] = native.recvFds(control);
       if (request === null) native.exit(0);
+      if (request.subarray(0, 5).toString() === "learn") {
+        lesson = request.subarray(5);
+        continue;
+      }
       if (request.toString() === "next") {
         // After a start: leave it the CPU for a while, unless a spare is wanted now.
         S(NR.poll, pollfd, 1, 5);

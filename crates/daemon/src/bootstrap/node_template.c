@@ -373,6 +373,25 @@ static napi_value spare(napi_env env, napi_callback_info info) {
   return out;
 }
 
+/* A spare's lesson from the daemon (crates/sandbox/src/lesson.rs): (start, length,
+ * advice) triples of little-endian u64s, each range populated as advised while the spare
+ * waits. Only the two populate advices are taken; a range this process lacks fails
+ * harmlessly (ENOMEM) and is skipped. */
+static napi_value populate(napi_env env, napi_callback_info info) {
+  size_t argc = 1, len = 0;
+  napi_value argv[1];
+  void *data = NULL;
+  napi_get_cb_info(env, info, &argc, argv, NULL, NULL);
+  napi_get_buffer_info(env, argv[0], &data, &len);
+  for (size_t at = 0; at + 3 * sizeof(uint64_t) <= len; at += 3 * sizeof(uint64_t)) {
+    uint64_t range[3];
+    memcpy(range, (char *)data + at, sizeof range);
+    if (range[2] == 22 || range[2] == 23) /* MADV_POPULATE_READ, MADV_POPULATE_WRITE */
+      madvise((void *)(uintptr_t)range[0], (size_t)range[1], (int)range[2]);
+  }
+  return NULL;
+}
+
 static napi_value quit(napi_env env, napi_callback_info info) {
   size_t argc = 1;
   napi_value argv[1];
@@ -387,7 +406,8 @@ NAPI_MODULE_INIT() {
     const char *name;
     napi_callback fn;
   } all[] = {{"sys", sys},         {"enter", enter}, {"recvFds", recv_fds},
-             {"sendFds", send_fds}, {"spare", spare},     {"exit", quit}};
+             {"sendFds", send_fds}, {"spare", spare},     {"exit", quit},
+             {"populate", populate}};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     napi_value f;
     napi_create_function(env, all[i].name, NAPI_AUTO_LENGTH, all[i].fn, NULL, &f);

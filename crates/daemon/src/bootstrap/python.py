@@ -256,6 +256,7 @@ def template():
     # clone3 through PyDLL: the GIL stays held, so the child's copy of it is consistent.
     raw = ctypes.PyDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     # Where this interpreter's files are (the runtime layer), to re-point after pivot_root.
     prefix = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
     control = socket.socket(fileno=os.dup(0))
@@ -386,6 +387,18 @@ def template():
         for f in (libc.mount, libc.prctl, libc.syscall, libc.unshare, libc.umount2, libc.sethostname):
             f.argtypes
 
+    # The pages an instance's start touched, learnt by the daemon from one of them: each
+    # spare populates them while it waits.
+    lesson = b""
+
+    def populate():
+        """(start, length, advice) triples from the daemon (crates/sandbox/src/lesson.rs):
+        only the two populate advices are taken; a range this process lacks fails
+        harmlessly and is skipped."""
+        for start, length, advice in struct.iter_unpack("<QQQ", lesson):
+            if advice in (22, 23):  # MADV_POPULATE_READ, MADV_POPULATE_WRITE
+                libc.madvise(start, length, advice)
+
     def spare():
         """Forks a child ahead of need (a start then skips the fork, ~1 ms here): it
         waits in its new namespaces, as the daemon's child, for the plan it will
@@ -406,6 +419,7 @@ def template():
             ours.close()
             control.close()
             rehearse()
+            populate()
             msg, fds, _, _ = socket.recv_fds(theirs, 1 << 20, 16)
             if not msg:
                 os._exit(0)
@@ -428,9 +442,12 @@ def template():
     # Each request is for one spare, handed over with its pidfd and plan socket: the
     # daemon sends the plan to the spare itself.
     while True:
-        request = control.recv(16)
+        request = control.recv(1 << 17)
         if not request:
             os._exit(0)
+        if request.startswith(b"learn"):
+            lesson = request[5:]
+            continue
         if request == b"next":
             # After a start: leave it the CPU for a while, unless a spare is wanted now.
             select.select([control], [], [], 0.005)
