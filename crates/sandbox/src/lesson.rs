@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::FileExt as _;
 
 /// `madvise` advice: fault the pages in as if read.
 pub const POPULATE_READ: u64 = 22;
@@ -54,9 +54,13 @@ pub fn learn(pid: i32, max_pages: u64) -> std::io::Result<Vec<[u64; 3]>> {
         let mut page = start;
         while page < end {
             let count = ((end - page) / PAGE).min(4096) as usize;
-            let bytes = &mut entries[..8 * count];
-            pagemap.read_exact_at(bytes, page / PAGE * 8)?;
-            for (i, entry) in bytes.chunks_exact(8).enumerate() {
+            // Short when the mapping went away since `maps` was read (the instance
+            // runs on): what was read still counts.
+            let read = pagemap.read_at(&mut entries[..8 * count], page / PAGE * 8)?;
+            if read < 8 {
+                break;
+            }
+            for (i, entry) in entries[..read].chunks_exact(8).enumerate() {
                 let entry = u64::from_le_bytes(entry.try_into().unwrap());
                 let wanted =
                     entry & PRESENT != 0 && (advice == POPULATE_READ || entry & EXCLUSIVE != 0);

@@ -258,16 +258,25 @@ impl Template {
     /// Once per template: learns from `instance`, forked from it and past its first
     /// reply, which pages a start touches ([`crate::lesson`]), and has every spare from
     /// now on populate them while it waits (`learn`, then `(start, length, advice)` as
-    /// little-endian u64s). Returns how many ranges it taught.
-    pub fn learn_from(&self, instance: &crate::Child) -> anyhow::Result<usize> {
+    /// little-endian u64s).
+    pub fn learn_from(&self, instance: &crate::Child) -> anyhow::Result<()> {
         use anyhow::Context;
         if self.taught.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            return Ok(0);
+            return Ok(());
         }
-        let ranges = crate::lesson::learn(instance.pid, LESSON_PAGES)
-            .context("cannot read the instance's page map")?;
-        // Still ours: the pid was not reaped (and perhaps reused) while we read.
-        instance.kill(0).context("the instance is gone")?;
+        let learnt = crate::lesson::learn(instance.pid, LESSON_PAGES)
+            .context("cannot read the instance's page map")
+            // Still ours: the pid was not reaped (and perhaps reused) while we read.
+            .and_then(|ranges| Ok(instance.kill(0).map(|()| ranges)?));
+        let ranges = match learnt {
+            Ok(ranges) => ranges,
+            Err(e) => {
+                // The next instance may teach it instead.
+                self.taught
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                return Err(e);
+            }
+        };
         let mut message = b"learn".to_vec();
         for range in ranges.iter().take(LESSON_RANGES) {
             range
@@ -276,8 +285,7 @@ impl Template {
         }
         let control = self.control.lock().unwrap();
         crate::server::send_with_fds(control.socket.as_raw_fd(), &message, &[])
-            .map_err(|e| anyhow::anyhow!("the template is gone: {e}"))?;
-        Ok(ranges.len().min(LESSON_RANGES))
+            .map_err(|e| anyhow::anyhow!("the template is gone: {e}"))
     }
 
     /// Starts a sandbox for `spec` in the cgroup `entry` from a spare; `extra` goes
