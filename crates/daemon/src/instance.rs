@@ -340,7 +340,10 @@ impl Instance {
         };
         spawned.chan.set_nonblocking(true).context("channel")?;
         let chan = tokio::net::UnixStream::from_std(spawned.chan).context("channel")?;
-        let (mut reader, writer) = chan.into_split();
+        let (reader, writer) = chan.into_split();
+        // A reply is one frame in three parts: read through a buffer, it costs one
+        // system call, not three.
+        let mut reader = tokio::io::BufReader::new(reader);
         let init_limit = Duration::from_millis(f.timeout_ms).max(Duration::from_secs(10));
         let first = tokio::time::timeout(init_limit, protocol::read(&mut reader, MAX_OUTPUT)).await;
         // (message, whether the exit status adds to it)
@@ -427,7 +430,7 @@ impl Instance {
     async fn serve_replies(
         self: &Arc<Self>,
         engine: &Arc<Engine>,
-        reader: &mut tokio::net::unix::OwnedReadHalf,
+        reader: &mut tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>,
     ) -> Option<String> {
         loop {
             let (message, body) = match protocol::read(reader, MAX_OUTPUT).await {
