@@ -25,14 +25,9 @@ pub struct Plan<'a> {
     pub uid: u32,
     pub gid: u32,
     pub max_open_files: u64,
-    pub masked_files: &'static [&'static str],
-    pub masked_dirs: &'static [&'static str],
-    pub readonly: &'static [&'static str],
     pub shm_options: &'static str,
     pub tmp_options: &'static str,
-    pub mask_options: &'static str,
     pub secure_bits: u64,
-    pub last_cap: u32,
     /// The seccomp program's bytes, hex.
     pub seccomp: &'a str,
     /// The descriptors sent with the plan, in order: stdin, stdout, stderr, then the
@@ -41,6 +36,30 @@ pub struct Plan<'a> {
     pub clone_into: bool,
     pub joins: usize,
     pub netns: bool,
+}
+
+/// What a spare does before its plan comes, the same for every start: makes its mount
+/// tree private, mounts a fresh /proc (its own PID namespace's) at `/proc` with runc's
+/// masks, to be moved under the root once the plan names it, and empties its bounding
+/// capability set (its effective capabilities, which the plan's steps need, stay until
+/// the plan drops them). Sent to the template once, as `prepare` and this as JSON.
+#[derive(Serialize)]
+struct Preparation {
+    masked_files: &'static [&'static str],
+    masked_dirs: &'static [&'static str],
+    readonly: &'static [&'static str],
+    mask_options: &'static str,
+    last_cap: u32,
+}
+
+fn preparation() -> Preparation {
+    Preparation {
+        masked_files: &MASKED_FILES,
+        masked_dirs: &MASKED_DIRS,
+        readonly: &READONLY,
+        mask_options: MASK_OPTIONS,
+        last_cap: crate::spawn::last_cap(),
+    }
 }
 
 /// The plan for `spec` in the cgroup `entry` with the seccomp program `seccomp` (hex),
@@ -65,14 +84,9 @@ pub fn plan<'a>(spec: &Spec, entry: &Entry, seccomp: &'a str) -> (Plan<'a>, Vec<
         uid: spec.uid,
         gid: spec.gid,
         max_open_files: spec.max_open_files,
-        masked_files: &MASKED_FILES,
-        masked_dirs: &MASKED_DIRS,
-        readonly: &READONLY,
         shm_options: SHM_OPTIONS,
         tmp_options: TMP_OPTIONS,
-        mask_options: MASK_OPTIONS,
         secure_bits: SECBITS,
-        last_cap: crate::spawn::last_cap(),
         seccomp,
         clone_into: clone_into.is_some(),
         joins: entry.join.len(),
@@ -99,7 +113,7 @@ pub struct Template {
 }
 
 /// At most this many written pages in a lesson (each costs every spare a page).
-const LESSON_PAGES: u64 = 2048;
+const LESSON_PAGES: u64 = 1024;
 /// At most this many ranges in a lesson: 24 bytes each, one control message.
 const LESSON_RANGES: usize = 4096;
 
@@ -138,9 +152,14 @@ impl Drop for Spare {
 }
 
 impl Control {
+    /// Sends the template one message that asks for no answer.
+    fn tell(&self, message: &[u8]) -> anyhow::Result<()> {
+        crate::server::send_with_fds(self.socket.as_raw_fd(), message, &[])
+            .map_err(|e| anyhow::anyhow!("the template is gone: {e}"))
+    }
+
     fn ask(&mut self, when: &[u8]) -> anyhow::Result<()> {
-        crate::server::send_with_fds(self.socket.as_raw_fd(), when, &[])
-            .map_err(|e| anyhow::anyhow!("the template is gone: {e}"))?;
+        self.tell(when)?;
         self.asked += 1;
         Ok(())
     }
@@ -237,6 +256,9 @@ impl Template {
         if n <= 0 || &buf[..n as usize] != b"ready" {
             anyhow::bail!("the template {} did not start", argv[0]);
         }
+        let mut prepare = b"prepare".to_vec();
+        prepare.extend(serde_json::to_vec(&preparation())?);
+        control.tell(&prepare)?;
         control.ask(b"next")?;
         Ok(Template {
             control: std::sync::Mutex::new(control),
@@ -283,9 +305,7 @@ impl Template {
                 .iter()
                 .for_each(|v| message.extend_from_slice(&v.to_le_bytes()));
         }
-        let control = self.control.lock().unwrap();
-        crate::server::send_with_fds(control.socket.as_raw_fd(), &message, &[])
-            .map_err(|e| anyhow::anyhow!("the template is gone: {e}"))
+        self.control.lock().unwrap().tell(&message)
     }
 
     /// Starts a sandbox for `spec` in the cgroup `entry` from a spare; `extra` goes

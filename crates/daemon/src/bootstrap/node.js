@@ -174,11 +174,13 @@ function template(addon) {
     return keep;
   }
 
-  // In a spare child: the sandbox from the plan, then the instance.
-  function become(message, fds) {
+  // In a spare child: the sandbox from the plan (on top of its preparation, which failed
+  // if `unprepared` says why), then the instance.
+  function become(message, fds, unprepared) {
     let plan;
     let keep;
     try {
+      if (unprepared) throw new Error(unprepared);
       plan = JSON.parse(message.toString());
       keep = enter(plan, fds);
       // The template compiles eagerly (--no-lazy: nothing of its own is left for each
@@ -195,6 +197,8 @@ function template(addon) {
   // The pages an instance's start touched, learnt by the daemon from one of them: each
   // spare populates them while it waits (native.populate).
   let lesson = null;
+  // The steps of a start that need no plan, the daemon's `prepare` (native.prepare).
+  let preparation = null;
 
   // NEWNS|NEWUTS|NEWIPC|NEWPID|PARENT (the addon adds PIDFD): the child is the daemon's.
   const FLAGS = 0x00020000 | 0x04000000 | 0x08000000 | 0x20000000 | 0x00008000;
@@ -226,12 +230,13 @@ function template(addon) {
     if (pid === 0) {
       S(NR.close, ours);
       S(NR.close, control);
+      const unprepared = preparation ? native.prepare(preparation) : "the template was not prepared";
       touchYoungGeneration();
       if (lesson) native.populate(lesson);
       const [message, fds] = native.recvFds(theirs);
       if (message === null) native.exit(0);
       S(NR.close, theirs);
-      become(message, fds);
+      become(message, fds, unprepared);
       return null;
     }
     S(NR.close, theirs);
@@ -277,6 +282,10 @@ function template(addon) {
       if (request === null) native.exit(0);
       if (request.subarray(0, 5).toString() === "learn") {
         lesson = request.subarray(5);
+        continue;
+      }
+      if (request.subarray(0, 7).toString() === "prepare") {
+        preparation = JSON.parse(request.subarray(7).toString());
         continue;
       }
       if (request.toString() === "next") {

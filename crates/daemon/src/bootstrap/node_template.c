@@ -204,6 +204,52 @@ static int nibble(char c) {
   return c <= '9' ? c - '0' : c - 'a' + 10;
 }
 
+/* In a spare, before its plan: the steps every start shares (see Preparation in
+ * crates/sandbox/src/template.rs). Returns null, or what failed (the start that gets
+ * this spare reports it). */
+static napi_value prepare(napi_env env, napi_callback_info info) {
+  size_t argc = 1;
+  napi_value argv[1], out;
+  napi_get_cb_info(env, info, &argc, argv, NULL, NULL);
+  napi_value prep = argv[0];
+  static char item[256], path[sizeof item + 16], text[4096];
+  const char *step = "make / private";
+  const unsigned long nsdx = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) goto failed;
+  step = "mount /proc";
+  if (mount("proc", "/proc", "proc", nsdx, NULL) < 0) goto failed;
+  step = "mask /proc";
+  for (uint32_t i = 0; plan_item(env, prep, "masked_files", i, item, sizeof item); i++) {
+    snprintf(path, sizeof path, "/proc/%s", item);
+    if (mount("/dev/null", path, NULL, MS_BIND, NULL) < 0 && errno != ENOENT) goto failed;
+  }
+  errno = 0;
+  if (!plan_string(env, prep, "mask_options", text, sizeof text)) goto failed;
+  for (uint32_t i = 0; plan_item(env, prep, "masked_dirs", i, item, sizeof item); i++) {
+    snprintf(path, sizeof path, "/proc/%s", item);
+    if (mount("tmpfs", path, "tmpfs", MS_RDONLY | nsdx, text) < 0 && errno != ENOENT)
+      goto failed;
+  }
+  step = "bind /proc read-only";
+  for (uint32_t i = 0; plan_item(env, prep, "readonly", i, item, sizeof item); i++) {
+    snprintf(path, sizeof path, "/proc/%s", item);
+    if (mount(path, path, NULL, MS_BIND, NULL) < 0) {
+      if (errno == ENOENT) continue;
+      goto failed;
+    }
+    if (mount(path, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | nsdx, NULL) < 0) goto failed;
+  }
+  step = "drop bounding capabilities";
+  for (int64_t cap = 0, last = plan_int(env, prep, "last_cap"); cap <= last; cap++)
+    if (prctl(PR_CAPBSET_DROP, (unsigned long)cap) < 0) goto failed;
+  napi_get_null(env, &out);
+  return out;
+failed:
+  snprintf(text, sizeof text, "%s: %s", step, errno ? strerror(errno) : "bad preparation");
+  napi_create_string_utf8(env, text, NAPI_AUTO_LENGTH, &out);
+  return out;
+}
+
 static napi_value enter(napi_env env, napi_callback_info info) {
   size_t argc = 2;
   napi_value argv[2];
@@ -220,7 +266,7 @@ static napi_value enter(napi_env env, napi_callback_info info) {
     napi_get_value_int64(env, v, &fd);
     fds[i] = (int)fd;
   }
-  static char root[4096], item[256], path[sizeof root + sizeof item + 16], text[4096];
+  static char root[4096], path[sizeof root + 16], text[4096];
   static char seccomp_hex[1 << 16];
   const char *step = "";
   const unsigned long nsd = MS_NOSUID | MS_NODEV, nsdx = nsd | MS_NOEXEC;
@@ -256,33 +302,11 @@ static napi_value enter(napi_env env, napi_callback_info info) {
     STEP("join the cgroup", write(fds[first_join + i], "0", 1));
   STEP("unshare the cgroup namespace", unshare(CLONE_NEWCGROUP));
   if (netns >= 0) STEP("join the network namespace", setns(netns, CLONE_NEWNET));
-  STEP("make / private", mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL));
   STEP("bind the root", mount(root, root, NULL, MS_BIND, NULL));
   STEP("remount the root read-only",
        mount(root, root, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | nsd, NULL));
   snprintf(path, sizeof path, "%s/proc", root);
-  STEP("mount /proc", mount("proc", path, "proc", nsdx, NULL));
-  step = "mask /proc";
-  for (uint32_t i = 0; plan_item(env, plan, "masked_files", i, item, sizeof item); i++) {
-    snprintf(path, sizeof path, "%s/proc/%s", root, item);
-    if (mount("/dev/null", path, NULL, MS_BIND, NULL) < 0 && errno != ENOENT) goto failed;
-  }
-  PLAN("mask /proc", plan_string(env, plan, "mask_options", text, sizeof text));
-  for (uint32_t i = 0; plan_item(env, plan, "masked_dirs", i, item, sizeof item); i++) {
-    snprintf(path, sizeof path, "%s/proc/%s", root, item);
-    if (mount("tmpfs", path, "tmpfs", MS_RDONLY | nsdx, text) < 0 && errno != ENOENT)
-      goto failed;
-  }
-  step = "bind /proc read-only";
-  for (uint32_t i = 0; plan_item(env, plan, "readonly", i, item, sizeof item); i++) {
-    snprintf(path, sizeof path, "%s/proc/%s", root, item);
-    if (mount(path, path, NULL, MS_BIND, NULL) < 0) {
-      if (errno == ENOENT) continue;
-      goto failed;
-    }
-    STEP("remount /proc read-only",
-         mount(path, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | nsdx, NULL));
-  }
+  STEP("move /proc under the root", mount("/proc", path, NULL, MS_MOVE, NULL));
   PLAN("bind /dev", plan_string(env, plan, "dev_template", text, sizeof text));
   snprintf(path, sizeof path, "%s/dev", root);
   STEP("bind /dev", mount(text, path, NULL, MS_BIND | MS_REC, NULL));
@@ -306,8 +330,6 @@ static napi_value enter(napi_env env, napi_callback_info info) {
    * wrappers would signal threads it still believes the template has. */
   STEP("setgroups", syscall(SYS_setgroups, 0, NULL));
   STEP("securebits", prctl(PR_SET_SECUREBITS, (unsigned long)plan_int(env, plan, "secure_bits")));
-  for (int64_t cap = 0, last = plan_int(env, plan, "last_cap"); cap <= last; cap++)
-    STEP("drop bounding capabilities", prctl(PR_CAPBSET_DROP, (unsigned long)cap));
   STEP("clear ambient capabilities", prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0));
   long gid = (long)plan_int(env, plan, "gid"), uid = (long)plan_int(env, plan, "uid");
   STEP("setresgid", syscall(SYS_setresgid, gid, gid, gid));
@@ -407,7 +429,7 @@ NAPI_MODULE_INIT() {
     napi_callback fn;
   } all[] = {{"sys", sys},         {"enter", enter}, {"recvFds", recv_fds},
              {"sendFds", send_fds}, {"spare", spare},     {"exit", quit},
-             {"populate", populate}};
+             {"populate", populate}, {"prepare", prepare}};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     napi_value f;
     napi_create_function(env, all[i].name, NAPI_AUTO_LENGTH, all[i].fn, NULL, &f);

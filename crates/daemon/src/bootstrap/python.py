@@ -275,8 +275,32 @@ def template():
         return libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data))
 
     MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-    MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+    MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
     ENOENT = 2
+
+    def prepare(prep):
+        """In a spare, before its plan: the steps every start shares (see Preparation in
+        crates/sandbox/src/template.rs): a private mount tree, a fresh /proc at /proc with
+        runc's masks (moved under the root by enter), an empty bounding set."""
+        nsdx = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        check(mount(None, "/", None, MS_REC | MS_PRIVATE), "make / private")
+        check(mount("proc", "/proc", "proc", nsdx), "mount /proc")
+        for name in prep["masked_files"]:
+            if mount("/dev/null", f"/proc/{name}", None, MS_BIND) < 0 and ctypes.get_errno() != ENOENT:
+                check(-1, f"mask /proc/{name}")
+        for name in prep["masked_dirs"]:
+            if mount("tmpfs", f"/proc/{name}", "tmpfs", MS_RDONLY | nsdx, prep["mask_options"]) < 0 \
+                    and ctypes.get_errno() != ENOENT:
+                check(-1, f"mask /proc/{name}")
+        for name in prep["readonly"]:
+            path = f"/proc/{name}"
+            if mount(path, path, None, MS_BIND) < 0:
+                if ctypes.get_errno() == ENOENT:
+                    continue
+                check(-1, f"bind /proc/{name}")
+            check(mount(path, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | nsdx), f"remount /proc/{name}")
+        for cap in range(prep["last_cap"] + 1):
+            check(libc.prctl(24, ctypes.c_ulong(cap)), "drop bounding capabilities")  # PR_CAPBSET_DROP
 
     def enter(plan, fds):
         """In the child: the steps of skiff's spawner (crates/sandbox/src/child.rs)."""
@@ -296,24 +320,9 @@ def template():
             check(libc.setns(netns, 0x40000000), "join the network namespace")
         root = plan["rootfs"]
         nsd, nsdx = MS_NOSUID | MS_NODEV, MS_NOSUID | MS_NODEV | MS_NOEXEC
-        check(mount(None, "/", None, MS_REC | MS_PRIVATE), "make / private")
         check(mount(root, root, None, MS_BIND), "bind the root")
         check(mount(root, root, None, MS_BIND | MS_REMOUNT | MS_RDONLY | nsd), "remount the root read-only")
-        check(mount("proc", root + "/proc", "proc", nsdx), "mount /proc")
-        for name in plan["masked_files"]:
-            if mount("/dev/null", f"{root}/proc/{name}", None, MS_BIND) < 0 and ctypes.get_errno() != ENOENT:
-                check(-1, f"mask /proc/{name}")
-        for name in plan["masked_dirs"]:
-            if mount("tmpfs", f"{root}/proc/{name}", "tmpfs", MS_RDONLY | nsdx, plan["mask_options"]) < 0 \
-                    and ctypes.get_errno() != ENOENT:
-                check(-1, f"mask /proc/{name}")
-        for name in plan["readonly"]:
-            path = f"{root}/proc/{name}"
-            if mount(path, path, None, MS_BIND) < 0:
-                if ctypes.get_errno() == ENOENT:
-                    continue
-                check(-1, f"bind /proc/{name}")
-            check(mount(path, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | nsdx), f"remount /proc/{name}")
+        check(mount("/proc", root + "/proc", None, MS_MOVE), "move /proc under the root")
         check(mount(plan["dev_template"], root + "/dev", None, MS_BIND | MS_REC), "bind /dev")
         check(mount("tmpfs", root + "/dev/shm", "tmpfs", nsdx, plan["shm_options"]), "mount /dev/shm")
         check(mount("tmpfs", root + "/tmp", "tmpfs", nsd, plan["tmp_options"]), "mount /tmp")
@@ -328,8 +337,6 @@ def template():
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         os.setgroups([])
         check(libc.prctl(28, ctypes.c_ulong(plan["secure_bits"])), "securebits")  # PR_SET_SECUREBITS
-        for cap in range(plan["last_cap"] + 1):
-            check(libc.prctl(24, ctypes.c_ulong(cap)), "drop bounding capabilities")  # PR_CAPBSET_DROP
         check(libc.prctl(47, ctypes.c_ulong(4), 0, 0, 0), "clear ambient capabilities")  # PR_CAP_AMBIENT_CLEAR_ALL
         os.setresgid(plan["gid"], plan["gid"], plan["gid"])
         os.setresuid(plan["uid"], plan["uid"], plan["uid"])
@@ -360,9 +367,12 @@ def template():
         check(libc.syscall(317, 1, 0, ctypes.byref(prog)), "seccomp")  # SECCOMP_SET_MODE_FILTER
         return keep
 
-    def become(plan_bytes, fds):
-        """In a spare child: build the sandbox from the plan, then serve as an instance."""
+    def become(plan_bytes, fds, unprepared):
+        """In a spare child: build the sandbox from the plan (on top of its preparation,
+        which failed if `unprepared` says why), then serve as an instance."""
         try:
+            if unprepared:
+                raise OSError(unprepared)
             plan = json_loads(plan_bytes)
             keep = enter(plan, fds)
         except BaseException as e:
@@ -390,6 +400,8 @@ def template():
     # The pages an instance's start touched, learnt by the daemon from one of them: each
     # spare populates them while it waits.
     lesson = b""
+    # The steps of a start that need no plan, the daemon's `prepare`.
+    preparation = None
 
     def populate():
         """(start, length, advice) triples from the daemon (crates/sandbox/src/lesson.rs):
@@ -418,13 +430,18 @@ def template():
         if pid == 0:
             ours.close()
             control.close()
+            try:
+                prepare(preparation)
+                unprepared = None
+            except (OSError, TypeError) as e:
+                unprepared = str(e) if preparation else "the template was not prepared"
             rehearse()
             populate()
             msg, fds, _, _ = socket.recv_fds(theirs, 1 << 20, 16)
             if not msg:
                 os._exit(0)
             theirs.close()
-            become(msg, fds)
+            become(msg, fds, unprepared)
         theirs.close()
         return pid, pidfd.value, ours
 
@@ -447,6 +464,9 @@ def template():
             os._exit(0)
         if request.startswith(b"learn"):
             lesson = request[5:]
+            continue
+        if request.startswith(b"prepare"):
+            preparation = json_loads(request[7:])
             continue
         if request == b"next":
             # After a start: leave it the CPU for a while, unless a spare is wanted now.
