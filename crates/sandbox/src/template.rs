@@ -1,8 +1,9 @@
 //! The sandbox set-up as data, for a template process (a zygote) that forks sandboxes
-//! instead of exec'ing a program: the forked child replays these steps in the order
-//! [`crate::child`] takes them before its exec, with the same constants (masked /proc
-//! paths, mount options, securebits, the seccomp program). Keeping the values here
-//! keeps one source for what a sandbox is; the zygote only supplies the mechanism.
+//! instead of exec'ing a program: the forked child replays the steps `crate::child`
+//! takes before its exec, with the same constants (masked /proc paths, mount options,
+//! securebits, the seccomp program); those that need no plan it takes ahead, while it
+//! waits (`Preparation`). Keeping the values here keeps one source for what a sandbox
+//! is; the zygote only supplies the mechanism.
 
 use std::os::fd::{AsRawFd, RawFd};
 
@@ -278,7 +279,7 @@ impl Template {
     }
 
     /// Once per template: learns from `instance`, forked from it and past its first
-    /// reply, which pages a start touches ([`crate::lesson`]), and has every spare from
+    /// reply, which pages a start touches (`crate::lesson`), and has every spare from
     /// now on populate them while it waits (`learn`, then `(start, length, advice)` as
     /// little-endian u64s).
     pub fn learn_from(&self, instance: &crate::Child) -> anyhow::Result<()> {
