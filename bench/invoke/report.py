@@ -40,6 +40,17 @@ if cold:
             f"{statistics.mean(c['ms']):.2f} | {init} | {ratio} |")
     say()
 
+faults = load("faults.jsonl")
+if faults:
+    say("### Page faults of a template start (minor faults of the spare that becomes the instance)")
+    say()
+    say("| path | starts | while it waited (median) | from plan to first reply (median, max) |")
+    say("|---|---|---|---|")
+    for f in faults:
+        say(f"| {f['label']} | {len(f['start'])} | {statistics.median(f['waiting']):.0f} | "
+            f"{statistics.median(f['start']):.0f}, {max(f['start'])} |")
+    say()
+
 warm = load("warm.jsonl")
 if warm:
     say("### Warm invocations of a trivial python function (oha; latency ms, requests/s)")

@@ -2,7 +2,8 @@
 # bench/invoke: skiff serve end to end, side by side with its peers, in one run.
 #   cold:  HTTP request in to response out with no idle instance, per runtime: python3 and
 #          node through their templates (zygotes) and plainly, binary; peers: the bare
-#          interpreter processes, and runc starting python in a container on the same root
+#          interpreter processes, and runc starting python in a container on the same root;
+#          and the page faults of a template start (start_faults.py)
 #   warm:  a trivial python function under oha at 1..256 connections, over TCP and the
 #          Unix socket; peer: the same handler behind a bare asyncio HTTP server
 #   study: the Docker concurrency study on our API: 200 sequential requests, then 1..1000
@@ -81,6 +82,8 @@ for f in bench/invoke/functions/noop-python bench/invoke/functions/noop-node exa
 done
 $PY bench/invoke/cold.py $port noop-python "python3 template" "$N_COLD" >>"$out/cold.jsonl"
 $PY bench/invoke/cold.py $port noop-node "node template" "$N_COLD" >>"$out/cold.jsonl"
+$PY bench/invoke/start_faults.py $port "$daemon" noop-python python3.11 "python3 template" 8 >>"$out/faults.jsonl"
+$PY bench/invoke/start_faults.py $port "$daemon" noop-node node "node template" 8 >>"$out/faults.jsonl"
 stop_daemon; start_daemon plain
 $PY bench/invoke/cold.py $port noop-python "python3 plain" "$N_COLD" >>"$out/cold.jsonl"
 $PY bench/invoke/cold.py $port noop-node "node plain" "$N_COLD" >>"$out/cold.jsonl"

@@ -602,11 +602,14 @@ impl Instance {
         };
         let me = self.clone();
         tokio::task::spawn_blocking(move || {
+            // One stopped meanwhile (scaled to zero) leaves the lesson to the next.
             if let Err(e) = template.learn_from(&me.child) {
-                eprintln!(
-                    "skiff: warning: a template could not learn from {}: {e:#}",
-                    me.id
-                );
+                if !me.is_dead() {
+                    eprintln!(
+                        "skiff: warning: a template could not learn from {}: {e:#}",
+                        me.id
+                    );
+                }
             }
         });
     }
