@@ -430,11 +430,12 @@ def template():
         if pid == 0:
             ours.close()
             control.close()
+            unprepared = None if preparation else "the template was not prepared"
             try:
-                prepare(preparation)
-                unprepared = None
-            except (OSError, TypeError) as e:
-                unprepared = str(e) if preparation else "the template was not prepared"
+                if preparation:
+                    prepare(preparation)
+            except Exception as e:
+                unprepared = str(e) or repr(e)
             rehearse()
             populate()
             msg, fds, _, _ = socket.recv_fds(theirs, 1 << 20, 16)
