@@ -16,6 +16,14 @@ def say(text=""):
     lines.append(text)
 
 
+def heading(title, columns):
+    """A section's title and its table's header."""
+    say(title)
+    say()
+    say("| " + " | ".join(columns) + " |")
+    say("|" + "---|" * len(columns))
+
+
 def load(name):
     path = os.path.join(out, name)
     return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
@@ -29,10 +37,8 @@ def pct(xs, p):
 cold = load("cold.jsonl")
 if cold:
     runc = next((statistics.median(c["ms"]) for c in cold if c["label"] == "python3 in runc"), None)
-    say("### Cold start, end to end (ms; HTTP request in to response out, no idle instance)")
-    say()
-    say("| path | n | p50 | p99 | mean | instance start p50 (daemon's init_ms) | runc p50 / this p50 |")
-    say("|---|---|---|---|---|---|---|")
+    heading("### Cold start, end to end (ms; HTTP request in to response out, no idle instance)",
+            ["path", "n", "p50", "p99", "mean", "instance start p50 (daemon's init_ms)", "runc p50 / this p50"])
     for c in cold:
         init = f"{statistics.median(c['init_ms']):.2f}" if c.get("init_ms") else "-"
         ratio = f"{runc / statistics.median(c['ms']):.1f}x" if runc else "-"
@@ -42,10 +48,8 @@ if cold:
 
 faults = load("faults.jsonl")
 if faults:
-    say("### Page faults of a template start (minor faults of the spare that becomes the instance)")
-    say()
-    say("| path | starts | while it waited (median) | from plan to first reply (median, max) |")
-    say("|---|---|---|---|")
+    heading("### Page faults of a template start (minor faults of the spare that becomes the instance)",
+            ["path", "starts", "while it waited (median)", "from plan to first reply (median, max)"])
     for f in faults:
         say(f"| {f['label']} | {len(f['start'])} | {statistics.median(f['waiting']):.0f} | "
             f"{statistics.median(f['start']):.0f}, {max(f['start'])} |")
@@ -53,10 +57,9 @@ if faults:
 
 warm = load("warm.jsonl")
 if warm:
-    say("### Warm invocations of a trivial python function (oha; latency ms, requests/s)")
-    say()
-    say("| connections | TCP p50 | TCP p99 | TCP req/s | Unix p50 | Unix p99 | Unix req/s | bare asyncio p50 | bare p99 | bare req/s | skiff TCP / bare req/s | errors (tcp, unix) |")
-    say("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    heading("### Warm invocations of a trivial python function (oha; latency ms, requests/s)",
+            ["connections", "TCP p50", "TCP p99", "TCP req/s", "Unix p50", "Unix p99", "Unix req/s",
+             "bare asyncio p50", "bare p99", "bare req/s", "skiff TCP / bare req/s", "errors (tcp, unix)"])
     by = {(w["transport"], w["c"]): w["oha"] for w in warm}
     conns = sorted({w["c"] for w in warm})
     for c in conns:
@@ -77,10 +80,8 @@ if warm:
 
 study = load("study.jsonl")
 if study:
-    say("### The Docker concurrency study on skiff's API (noop-python; latency ms)")
-    say()
-    say("| socket | clients | requests | errors | mean | coefficient of variation | p50 | p99 |")
-    say("|---|---|---|---|---|---|---|---|")
+    heading("### The Docker concurrency study on skiff's API (noop-python; latency ms)",
+            ["socket", "clients", "requests", "errors", "mean", "coefficient of variation", "p50", "p99"])
     for s in study:
         d = [r[0] * 1e3 for r in sqlite3.connect(s["db"]).execute("select duration from oha where status = 200")]
         errors = s["n"] - len(d)
