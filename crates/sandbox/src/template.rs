@@ -118,6 +118,25 @@ const LESSON_PAGES: u64 = 1024;
 /// At most this many ranges in a lesson: 24 bytes each, one control message.
 const LESSON_RANGES: usize = 4096;
 
+/// `learn`, then `(start, length, advice)` as little-endian u64s: the lesson of
+/// `instance`, for its template.
+fn lesson_message(instance: &crate::Child) -> anyhow::Result<Vec<u8>> {
+    use anyhow::Context;
+    let ranges = crate::lesson::learn(instance.pid, LESSON_PAGES)
+        .context("cannot read the instance's page map")?;
+    // Still ours: the pid was not reaped (and perhaps reused) while we read.
+    instance.kill(0).context("the instance is gone")?;
+    let mut message = b"learn".to_vec();
+    message.extend(
+        ranges
+            .iter()
+            .take(LESSON_RANGES)
+            .flatten()
+            .flat_map(|v| v.to_le_bytes()),
+    );
+    Ok(message)
+}
+
 /// The template's control socket and the spares it has handed over.
 struct Control {
     socket: std::os::fd::OwnedFd,
@@ -280,33 +299,17 @@ impl Template {
 
     /// Once per template: learns from `instance`, forked from it and past its first
     /// reply, which pages a start touches (`crate::lesson`), and has every spare from
-    /// now on populate them while it waits (`learn`, then `(start, length, advice)` as
-    /// little-endian u64s).
+    /// now on populate them while it waits. On failure the next instance may teach it.
     pub fn learn_from(&self, instance: &crate::Child) -> anyhow::Result<()> {
-        use anyhow::Context;
-        if self.taught.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.taught.swap(true, Relaxed) {
             return Ok(());
         }
-        let learnt = crate::lesson::learn(instance.pid, LESSON_PAGES)
-            .context("cannot read the instance's page map")
-            // Still ours: the pid was not reaped (and perhaps reused) while we read.
-            .and_then(|ranges| Ok(instance.kill(0).map(|()| ranges)?));
-        let ranges = match learnt {
-            Ok(ranges) => ranges,
-            Err(e) => {
-                // The next instance may teach it instead.
-                self.taught
-                    .store(false, std::sync::atomic::Ordering::Relaxed);
-                return Err(e);
-            }
-        };
-        let mut message = b"learn".to_vec();
-        for range in ranges.iter().take(LESSON_RANGES) {
-            range
-                .iter()
-                .for_each(|v| message.extend_from_slice(&v.to_le_bytes()));
+        let taught = lesson_message(instance).and_then(|m| self.control.lock().unwrap().tell(&m));
+        if taught.is_err() {
+            self.taught.store(false, Relaxed);
         }
-        self.control.lock().unwrap().tell(&message)
+        taught
     }
 
     /// Starts a sandbox for `spec` in the cgroup `entry` from a spare; `extra` goes
