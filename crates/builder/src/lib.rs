@@ -19,6 +19,14 @@ use skiff_store::{add_tree, closure::elf_closure, Entry, Store};
 /// Directories every environment has: mount points for the sandbox.
 const SKELETON: [&str; 5] = ["proc", "dev", "tmp", "work", "code"];
 
+/// Directories a runtime layer's own tree has (not its entries, which functions take):
+/// a template runs in that tree and mounts on them.
+const TEMPLATE_MOUNT_POINTS: [&str; 3] = ["proc", "dev", "tmp"];
+
+fn dir_entry(path: &str) -> Entry {
+    Entry::Dir { path: path.into() }
+}
+
 /// Where the function's code goes inside its environment.
 pub const CODE_DIR: &str = "code";
 
@@ -54,29 +62,25 @@ pub struct Built {
 
 pub fn build(store: &Store, dir: &Path, progress: &mut dyn FnMut(Progress)) -> Result<Built> {
     let manifest = Manifest::load(dir)?;
-    let mut entries: Vec<Entry> = SKELETON
-        .iter()
-        .map(|d| Entry::Dir {
-            path: d.to_string(),
-        })
-        .collect();
+    let mut entries: Vec<Entry> = SKELETON.map(dir_entry).to_vec();
 
     let mut runtime_reused = true;
     if let Some((layer, reused)) = runtime_layer(store, manifest.runtime, progress)? {
         entries.extend(layer);
         runtime_reused = reused;
     }
-    if !manifest.packages.is_empty() {
-        progress(Progress::Step("packages"));
-        entries.extend(packages::layer(
-            store,
-            manifest.runtime,
-            &manifest.packages,
-        )?);
-    }
+    let code = dir.join(&manifest.code);
+    let packages = packages::layer(
+        store,
+        manifest.runtime,
+        &manifest.packages,
+        [dir, &code],
+        &entries,
+        progress,
+    )?;
+    entries.extend(packages);
 
     progress(Progress::Step("function code"));
-    let code = dir.join(&manifest.code);
     let mut code_entries = Vec::new();
     let skip = |rel: &Path| {
         rel.components().any(|c| {
@@ -237,15 +241,18 @@ fn runtime_layer(
         Runtime::Binary => return Ok(None),
     };
     let meta = std::fs::metadata(&interpreter)?;
+    // "rooted": the layer's own tree has the mount points a template needs to run in it.
     let key = format!(
-        "{runtime:?} {} {} {}",
+        "{runtime:?} rooted {} {} {}",
         interpreter.display(),
         meta.len(),
         std::os::unix::fs::MetadataExt::mtime(&meta)
     );
     let id = format!("runtime-{}", &hex_digest(key.as_bytes())[..16]);
     if store.env_exists(&id) {
-        return Ok(Some((store.record(&id)?.entries, true)));
+        let mut entries = store.record(&id)?.entries;
+        entries.retain(|e| !TEMPLATE_MOUNT_POINTS.map(dir_entry).contains(e));
+        return Ok(Some((entries, true)));
     }
     progress(Progress::Step(match runtime {
         Runtime::Python3 => "runtime python3 (once)",
@@ -296,7 +303,9 @@ fn runtime_layer(
     }
     entries.extend(host_files(store, &elf_closure(&natives)?)?);
     let count = entries.len() as u64;
-    store.build_env(&id, &id, &entries)?;
+    // A template runs in this tree (its own root, as a sandbox's): it mounts these.
+    let mount_points = TEMPLATE_MOUNT_POINTS.map(dir_entry);
+    store.build_env(&id, &id, &[&mount_points[..], &entries].concat())?;
     progress(Progress::File(count));
     Ok(Some((entries, false)))
 }

@@ -170,11 +170,11 @@ impl Engine {
         use_templates: bool,
     ) -> Result<(Engine, Vec<(Record, crate::invocations::StoredRequest)>)> {
         let (invocations, unfinished) = Invocations::open(&data, keep_records)?;
+        let dev_template = skiff_sandbox::devices::ensure(&data)?;
         let engine = Engine {
             registry: Registry::open(&data)?,
             cgroups: CgroupPool::open(&data)?,
             netns: OnceLock::new(),
-            dev_template: skiff_sandbox::devices::ensure(&data)?,
             logs: Logs::open(&data)?,
             invocations,
             metrics: Metrics::default(),
@@ -182,7 +182,8 @@ impl Engine {
             sessions: Mutex::new(HashMap::new()),
             session_gates: Mutex::new(HashMap::new()),
             hints: crate::sessions::Sessions::open(&data)?,
-            templates: crate::templates::Templates::new(),
+            templates: crate::templates::Templates::new(dev_template.clone()),
+            dev_template,
             use_templates,
             data,
             spawner,
@@ -361,36 +362,31 @@ impl Engine {
             timeout,
             export,
         };
-        let reply = instance.call(&call).await;
+        let (reply, logs) = instance.call(&call).await;
+        record.logs = logs;
         let response = match reply {
-            Some((reply, logs)) => {
-                record.logs = logs;
-                match reply {
-                    Reply::Response {
-                        status,
-                        headers,
-                        body,
-                    } => Response {
-                        status,
-                        headers,
-                        body,
-                        error: None,
-                    },
-                    // The record keeps the trace (and the crash's cause) without the
-                    // answer's preamble.
-                    Reply::HandlerError(trace, 504) => Response::error(504, trace),
-                    Reply::HandlerError(trace, status) => Response {
-                        error: Some(trace.clone()),
-                        ..Response::error(status, format!("the function raised an error:\n{trace}"))
-                    },
-                    Reply::Crashed(why) => Response {
-                        error: Some(why.clone()),
-                        ..Response::error(502, format!("the function crashed: {why}"))
-                    },
-                }
-            }
-            None => {
-                instance.kill();
+            Reply::Response {
+                status,
+                headers,
+                body,
+            } => Response {
+                status,
+                headers,
+                body,
+                error: None,
+            },
+            // The record keeps the trace (and the crash's cause) without the
+            // answer's preamble.
+            Reply::HandlerError(trace, 504) => Response::error(504, trace),
+            Reply::HandlerError(trace, status) => Response {
+                error: Some(trace.clone()),
+                ..Response::error(status, format!("the function raised an error:\n{trace}"))
+            },
+            Reply::Crashed(why) => Response {
+                error: Some(why.clone()),
+                ..Response::error(502, format!("the function crashed: {why}"))
+            },
+            Reply::TimedOut => {
                 let message = format!("the function timed out after {} ms", timeout.as_millis());
                 Response::error(504, message)
             }

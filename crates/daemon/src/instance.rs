@@ -52,6 +52,8 @@ pub enum Reply {
     HandlerError(String, u16),
     /// The instance died before answering: why.
     Crashed(String),
+    /// No answer within the call's timeout: the instance was killed.
+    TimedOut,
 }
 
 /// One call's request, as the engine sends it.
@@ -521,13 +523,14 @@ impl Instance {
         (id, rx)
     }
 
-    /// Sends one invocation and waits for its reply, at most `call.timeout`; `None`
-    /// when the time ran out (the caller kills the instance).
-    pub async fn call(&self, call: &Call<'_>) -> Option<(Reply, Vec<String>)> {
-        let (id, rx) = self.expect_reply(call.request_id);
+    /// Sends one invocation and waits for its reply, at most `call.timeout`; past it,
+    /// kills the instance ([`Reply::TimedOut`]). The call's log lines come with the
+    /// reply, those printed before a timeout or a crash included.
+    pub async fn call(&self, call: &Call<'_>) -> (Reply, Vec<String>) {
+        let (id, mut rx) = self.expect_reply(call.request_id);
         if self.dead.load(Ordering::SeqCst) {
             self.pending.lock().unwrap().remove(&id);
-            return Some((Reply::Crashed("the instance is gone".into()), Vec::new()));
+            return (Reply::Crashed("the instance is gone".into()), Vec::new());
         }
         let frame = protocol::encode(
             &protocol::Request {
@@ -549,18 +552,30 @@ impl Instance {
         let result = tokio::time::timeout(call.timeout + self.grace, async {
             // A write error means the instance is dying: its reply says why.
             let _ = sent.await;
-            rx.await
+            (&mut rx).await
         })
         .await;
         match result {
             Ok(Ok(reply)) => {
                 self.served.fetch_add(1, Ordering::Relaxed);
-                Some(reply)
+                reply
             }
-            Ok(Err(_)) => Some((Reply::Crashed("the instance is gone".into()), Vec::new())),
+            Ok(Err(_)) => (Reply::Crashed("the instance is gone".into()), Vec::new()),
             Err(_) => {
-                self.pending.lock().unwrap().remove(&id);
-                None
+                // Its exit path reads the channel to its end, then hands this call the
+                // lines it logged (bounded: a reader stuck elsewhere must not hold us).
+                self.kill();
+                let logs = match tokio::time::timeout(Duration::from_secs(2), rx).await {
+                    Ok(Ok((_, logs))) => logs,
+                    _ => self
+                        .pending
+                        .lock()
+                        .unwrap()
+                        .remove(&id)
+                        .map(|p| p.logs)
+                        .unwrap_or_default(),
+                };
+                (Reply::TimedOut, logs)
             }
         }
     }
@@ -587,6 +602,7 @@ impl Instance {
             ))) => Ok(body),
             Ok(Ok((Reply::Response { status, .. }, _))) => Err(format!("status {status}")),
             Ok(Ok((Reply::HandlerError(why, _) | Reply::Crashed(why), _))) => Err(why),
+            Ok(Ok((Reply::TimedOut, _))) => Err("timed out".into()),
             Ok(Err(_)) => Err("the worker is gone".into()),
             Err(_) => {
                 self.pending.lock().unwrap().remove(&id);

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use skiff_cgroups::Entry;
-use skiff_sandbox::template::Template;
+use skiff_sandbox::template::{Template, View};
 use skiff_sandbox::{Child, Spec};
 
 use crate::instance::{NODE_BOOTSTRAP, PYTHON_BOOTSTRAP};
@@ -24,12 +24,16 @@ const NODE_TEMPLATE_ADDON: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/nod
 /// An interpreter file's (device, inode).
 type InterpreterKey = (u64, u64);
 
-/// A template's command line, its environment, and where its answer goes.
-type StartRequest = (
-    Vec<String>,
-    Vec<(String, String)>,
-    mpsc::Sender<Result<Template>>,
-);
+/// How to start a template, and where its answer goes.
+struct StartRequest {
+    /// The runtime layer's root, which the template sees as `/`.
+    root: PathBuf,
+    /// Host files it sees under /tmp, by name.
+    files: Vec<(PathBuf, String)>,
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    reply: mpsc::Sender<Result<Template>>,
+}
 
 pub struct Templates {
     /// By the interpreter's (device, inode): every environment of one runtime layer
@@ -41,13 +45,19 @@ pub struct Templates {
 }
 
 impl Templates {
-    pub fn new() -> Templates {
+    /// Templates whose /dev is the device template `dev`.
+    pub fn new(dev: PathBuf) -> Templates {
         let (tx, rx) = mpsc::channel::<StartRequest>();
         std::thread::Builder::new()
             .name("skiff-templates".into())
             .spawn(move || {
-                for (argv, env, reply) in rx {
-                    let _ = reply.send(Template::start(&argv, &env));
+                for r in rx {
+                    let view = View {
+                        root: &r.root,
+                        dev: &dev,
+                        files: r.files,
+                    };
+                    let _ = r.reply.send(Template::start(&view, &r.argv, &r.env));
                 }
             })
             .expect("spawn the template thread");
@@ -68,9 +78,12 @@ impl Templates {
         entry: &Entry,
     ) -> Option<Result<(Child, Arc<Template>)>> {
         let started = match f.runtime {
-            Runtime::Python3 => self.get(&spec.rootfs.join("usr/bin/python3"), || {
+            Runtime::Python3 => self.get(data, &spec.rootfs, "python3", || {
                 let argv = ["-I", "-S", "-c", PYTHON_BOOTSTRAP, "--template"];
-                Ok((argv.map(String::from).to_vec(), vec![]))
+                Ok(Launch {
+                    argv: argv.map(String::from).to_vec(),
+                    ..Launch::default()
+                })
             }),
             // Forking node is sound only with no helper threads at work: V8's worker
             // pool off, and its collector on the main thread. --no-lazy: the template
@@ -80,8 +93,9 @@ impl Templates {
             // --use-largepages: node's code moves to anonymous huge pages, which a fork
             // shares as they are (a file's pages it would make each child fault in again).
             Runtime::Node if !NODE_TEMPLATE_ADDON.is_empty() => {
-                self.get(&spec.rootfs.join("usr/bin/node"), || {
-                    let addon = node_addon(data)?;
+                self.get(data, &spec.rootfs, "node", || {
+                    // The addon, as the template sees it (see `View`).
+                    const ADDON: &str = "/tmp/node_template.node";
                     let argv = [
                         "--v8-pool-size=0",
                         "--single-threaded",
@@ -90,10 +104,13 @@ impl Templates {
                         "-e",
                         NODE_BOOTSTRAP,
                         "@template",
-                        &addon,
+                        ADDON,
                     ];
-                    let env = vec![("LD_PRELOAD".to_owned(), addon.clone())];
-                    Ok((argv.map(String::from).to_vec(), env))
+                    Ok(Launch {
+                        argv: argv.map(String::from).to_vec(),
+                        env: vec![("LD_PRELOAD".to_owned(), ADDON.to_owned())],
+                        files: vec![(node_addon(data)?, "node_template.node".to_owned())],
+                    })
                 })
             }
             _ => return None,
@@ -104,27 +121,44 @@ impl Templates {
         Some(started.and_then(|template| Ok((template.fork(spec, entry, extra)?, template))))
     }
 
-    /// The template for the interpreter at `interpreter` (inside an environment's
-    /// root), started on first use with the arguments and environment `how` makes.
+    /// The template for the interpreter `/usr/bin/NAME` of the environment at `rootfs`,
+    /// started on first use, in its runtime layer's view, as `how` says.
     fn get(
         &self,
-        interpreter: &Path,
-        how: impl FnOnce() -> Result<(Vec<String>, Vec<(String, String)>)>,
+        data: &Path,
+        rootfs: &Path,
+        name: &str,
+        how: impl FnOnce() -> Result<Launch>,
     ) -> Result<Arc<Template>> {
-        let (real, key) = identify(interpreter)?;
+        let interpreter = Path::new("usr/bin").join(name);
+        let (real, key) = identify(&rootfs.join(&interpreter))?;
         if let Some(t) = self.running.lock().unwrap().get(&key) {
             if t.is_alive() {
                 return Ok(t.clone());
             }
         }
-        let (tail, env) = how()?;
-        let mut argv = vec![real.to_string_lossy().into_owned()];
+        let root = runtime_root(data, &interpreter, key)?;
+        let Launch {
+            argv: tail,
+            env,
+            files,
+        } = how()?;
+        // The interpreter's own name inside the root (python3 is a link to python3.11).
+        let inside = Path::new("/usr/bin").join(real.file_name().context("no interpreter name")?);
+        let mut argv = vec![inside.to_string_lossy().into_owned()];
         argv.extend(tail);
-        let (tx, rx) = mpsc::channel();
+        let (reply, rx) = mpsc::channel();
+        let request = StartRequest {
+            root,
+            files,
+            argv,
+            env,
+            reply,
+        };
         self.starter
             .lock()
             .unwrap()
-            .send((argv, env, tx))
+            .send(request)
             .context("the template thread is gone")?;
         let template = Arc::new(rx.recv().context("the template thread is gone")??);
         self.running.lock().unwrap().insert(key, template.clone());
@@ -151,6 +185,36 @@ impl Templates {
     pub fn clear(&self) {
         self.running.lock().unwrap().clear();
     }
+}
+
+/// A template's command line after the interpreter, its environment, and the host files
+/// it sees under /tmp.
+#[derive(Default)]
+struct Launch {
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    files: Vec<(PathBuf, String)>,
+}
+
+/// The root of the runtime layer whose `interpreter` (a path inside it) is the file `key`
+/// names: every environment of that runtime links the same file.
+fn runtime_root(data: &Path, interpreter: &Path, key: InterpreterKey) -> Result<PathBuf> {
+    let envs = data.join("envs");
+    for entry in std::fs::read_dir(&envs)?.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with("runtime-") {
+            continue;
+        }
+        let root = entry.path().join("root");
+        let same = identify(&root.join(interpreter)).is_ok_and(|(_, k)| k == key);
+        if same && root.join("tmp").is_dir() {
+            return Ok(root);
+        }
+    }
+    anyhow::bail!(
+        "no runtime layer in {} holds this environment's {}",
+        envs.display(),
+        interpreter.display()
+    )
 }
 
 /// The interpreter's real path and its key.
@@ -197,7 +261,7 @@ fn compile_python_bootstrap(python: &Path) -> Result<Vec<u8>> {
 
 /// The addon, written once under the data directory (node loads addons from files);
 /// named by a hash of its bytes, so a new build writes a new file.
-fn node_addon(data: &Path) -> Result<String> {
+fn node_addon(data: &Path) -> Result<PathBuf> {
     let digest = NODE_TEMPLATE_ADDON
         .iter()
         .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
@@ -211,5 +275,5 @@ fn node_addon(data: &Path) -> Result<String> {
         std::fs::write(&tmp, NODE_TEMPLATE_ADDON)?;
         std::fs::rename(&tmp, &path)?;
     }
-    Ok(path.to_string_lossy().into_owned())
+    Ok(path)
 }

@@ -96,6 +96,121 @@ pub fn plan<'a>(spec: &Spec, entry: &Entry, seccomp: &'a str) -> (Plan<'a>, Vec<
     (plan, fds)
 }
 
+/// The filesystem a template runs in: what a sandbox of its runtime sees, so nothing it
+/// loads before forking (a module's `__file__`, `sys.path`, a cached path) names a host
+/// path. Its own mount namespace, chrooted into `root` (a runtime layer's tree: the same
+/// paths as every sandbox of that runtime), with a /proc, the device template `dev` at
+/// /dev, a tmpfs /tmp, and each `(host file, name)` of `files` at `/tmp/NAME`. It stays in
+/// the host's mount tree (a chroot, not a pivot): its spares climb out of the chroot
+/// (`/tmp` is the way out) to reach the function's root, then pivot into it.
+pub struct View<'a> {
+    pub root: &'a std::path::Path,
+    pub dev: &'a std::path::Path,
+    pub files: Vec<(std::path::PathBuf, String)>,
+}
+
+/// A [`View`]'s steps, made before the fork: they run between fork and exec, where
+/// nothing may allocate.
+struct ViewSteps {
+    root: std::ffi::CString,
+    proc: std::ffi::CString,
+    dev_from: std::ffi::CString,
+    dev: std::ffi::CString,
+    tmp: std::ffi::CString,
+    files: Vec<(std::ffi::CString, std::ffi::CString)>,
+}
+
+impl View<'_> {
+    fn steps(&self) -> anyhow::Result<ViewSteps> {
+        use crate::spawn::cstring;
+        use std::os::unix::ffi::OsStrExt;
+        let inside = |rel: &str| cstring(self.root.join(rel).as_os_str().as_bytes());
+        Ok(ViewSteps {
+            root: cstring(self.root.as_os_str().as_bytes())?,
+            proc: inside("proc")?,
+            dev_from: cstring(self.dev.as_os_str().as_bytes())?,
+            dev: inside("dev")?,
+            tmp: inside("tmp")?,
+            files: self
+                .files
+                .iter()
+                .map(|(from, name)| {
+                    Ok((
+                        cstring(from.as_os_str().as_bytes())?,
+                        inside(&format!("tmp/{name}"))?,
+                    ))
+                })
+                .collect::<anyhow::Result<_>>()?,
+        })
+    }
+}
+
+impl ViewSteps {
+    /// Enters the view (in the child, before exec).
+    fn run(&self) -> std::io::Result<()> {
+        use std::ptr::null;
+        fn ok(result: libc::c_int) -> std::io::Result<()> {
+            if result < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        }
+        let nsdx = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        // SAFETY: system calls on NUL-terminated strings that live in `self`.
+        unsafe {
+            ok(libc::unshare(libc::CLONE_NEWNS))?;
+            ok(libc::mount(
+                null(),
+                c"/".as_ptr(),
+                null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                null(),
+            ))?;
+            ok(libc::mount(
+                c"proc".as_ptr(),
+                self.proc.as_ptr(),
+                c"proc".as_ptr(),
+                nsdx,
+                null(),
+            ))?;
+            ok(libc::mount(
+                self.dev_from.as_ptr(),
+                self.dev.as_ptr(),
+                null(),
+                libc::MS_BIND | libc::MS_REC,
+                null(),
+            ))?;
+            // Executable: node preloads its addon from here.
+            ok(libc::mount(
+                c"tmpfs".as_ptr(),
+                self.tmp.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"mode=1777,size=64m".as_ptr().cast(),
+            ))?;
+            for (from, to) in &self.files {
+                let fd = libc::open(
+                    to.as_ptr(),
+                    libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                    0o644,
+                );
+                ok(fd)?;
+                libc::close(fd);
+                ok(libc::mount(
+                    from.as_ptr(),
+                    to.as_ptr(),
+                    null(),
+                    libc::MS_BIND,
+                    null(),
+                ))?;
+            }
+            ok(libc::chroot(self.root.as_ptr()))?;
+            ok(libc::chdir(c"/".as_ptr()))
+        }
+    }
+}
+
 /// A running template process (a zygote) that forks spare children ahead of need.
 /// Over a SEQPACKET control socket on its stdin it gets requests for spares, `next`
 /// (when it suits: it first leaves a start just begun the CPU for a few ms) or `now`,
@@ -234,10 +349,15 @@ impl Control {
 
 impl Template {
     /// Starts `argv` with the environment `env` (nothing else of ours) as a template and
-    /// waits (up to 10 s) for its `ready`, then asks it for a first spare. It gets a
+    /// waits (up to 10 s) for its `ready`, then asks it for a first spare. The template
+    /// runs in `view` (see [`View`]), so `argv[0]` is a path inside its root. It gets a
     /// parent-death SIGKILL tied to the *calling thread*: call this from a thread that
     /// lives as long as the template should.
-    pub fn start(argv: &[String], env: &[(String, String)]) -> anyhow::Result<Template> {
+    pub fn start(
+        view: &View,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> anyhow::Result<Template> {
         use anyhow::Context;
         use std::os::unix::process::CommandExt;
         let (ours, theirs) = crate::spawn::seqpacket_pair().context("socketpair")?;
@@ -248,16 +368,21 @@ impl Template {
             .envs(env.iter().map(|(k, v)| (k, v)))
             .current_dir("/")
             .stdin(std::process::Stdio::from(theirs));
-        // SAFETY: prctl is async-signal-safe.
+        let enter_view = view.steps()?;
+        // SAFETY: only system calls between fork and exec, on strings made before it.
         unsafe {
-            command.pre_exec(|| {
+            command.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
+                enter_view.run()
             });
         }
-        let process = command
-            .spawn()
-            .with_context(|| format!("cannot start the template {}", argv[0]))?;
+        let process = command.spawn().with_context(|| {
+            format!(
+                "cannot start the template {} in {}",
+                argv[0],
+                view.root.display()
+            )
+        })?;
         // Our copy of the template's end goes now: a template that dies before its
         // `ready` shows as the end of the socket, not as a 10 s wait.
         drop(command);

@@ -134,6 +134,7 @@ function template(addon) {
   // of the kind the channel is, the standard streams (their writes are replaced in
   // the instance, whatever they were created for).
   const net = require("net");
+  const crypto = require("crypto");
   const warm = new net.Socket();
   warm.destroy();
   void process.stdout;
@@ -183,6 +184,7 @@ function template(addon) {
       if (unprepared) throw new Error(unprepared);
       plan = JSON.parse(message.toString());
       keep = enter(plan, fds);
+      reseed();
       // The template compiles eagerly (--no-lazy: nothing of its own is left for each
       // fork to compile); the function's code compiles as node normally would.
       v8.setFlagsFromString("--lazy");
@@ -192,6 +194,23 @@ function template(addon) {
       native.exit(125);
     }
     serveInstance(keep, plan.handler);
+  }
+
+  // A fork repeats its template's Math.random sequence (V8 seeded it once, at the
+  // template's start): each instance draws from a generator of its own, fed by
+  // OpenSSL's, which reseeds itself in a process whose pid is new.
+  function reseed() {
+    const words = new Uint32Array(512);
+    let next = words.length;
+    Math.random = function random() {
+      if (next === words.length) {
+        crypto.randomFillSync(words);
+        next = 0;
+      }
+      const high = words[next++] >>> 5;
+      const low = words[next++] >>> 6;
+      return (high * 67108864 + low) / 9007199254740992;
+    };
   }
 
   // The pages an instance's start touched, learnt by the daemon from one of them: each

@@ -32,6 +32,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <uv.h>
@@ -204,17 +205,33 @@ static int nibble(char c) {
   return c <= '9' ? c - '0' : c - 'a' + 10;
 }
 
-/* In a spare, before its plan: the steps every start shares (see Preparation in
- * crates/sandbox/src/template.rs). Returns null, or what failed (the start that gets
- * this spare reports it). */
+/* Out of the template's chroot, to the mount tree's root, where the plan's host paths
+ * are (see View in crates/sandbox/src/template.rs): a chroot into /tmp leaves the working
+ * directory outside the root, and from there .. climbs to the real one. */
+static int leave_view(void) {
+  struct stat here, up;
+  if (chroot("/tmp") < 0) return -1;
+  for (;;) {
+    if (stat(".", &here) < 0 || stat("..", &up) < 0) return -1;
+    if (here.st_dev == up.st_dev && here.st_ino == up.st_ino) break;
+    if (chdir("..") < 0) return -1;
+  }
+  return chroot(".");
+}
+
+/* In a spare, before its plan: out of the template's view, then the steps every start
+ * shares (see Preparation in crates/sandbox/src/template.rs). Returns null, or what
+ * failed (the start that gets this spare reports it). */
 static napi_value prepare(napi_env env, napi_callback_info info) {
   size_t argc = 1;
   napi_value argv[1], out;
   napi_get_cb_info(env, info, &argc, argv, NULL, NULL);
   napi_value prep = argv[0];
   static char item[256], path[sizeof item + 16], text[4096];
-  const char *step = "make / private";
+  const char *step = "leave the template's root";
   const unsigned long nsdx = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+  if (leave_view() < 0) goto failed;
+  step = "make / private";
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) goto failed;
   step = "mount /proc";
   if (mount("proc", "/proc", "proc", nsdx, NULL) < 0) goto failed;

@@ -104,14 +104,18 @@ class Capture(io.TextIOBase):
         return True
 
     def write(self, text):
-        # Whole lines, sent in batches: one frame per print() would cost more than it.
+        # Each line leaves when it ends (a print's text and its newline are two writes):
+        # what a handler printed before it hangs or is killed is already ours.
         pending = getattr(current, self.stream, "") + text
-        if len(pending) < 4096:
-            setattr(current, self.stream, pending)
-        else:
+        if "\n" in text:
             lines, nl, rest = pending.rpartition("\n")
             setattr(current, self.stream, rest)
             self.emit(lines + nl)
+        elif len(pending) < 4096:
+            setattr(current, self.stream, pending)
+        else:
+            setattr(current, self.stream, "")
+            self.emit(pending)
         return len(text)
 
     def flush(self):
@@ -249,7 +253,8 @@ def template():
     the plan the daemon sends (JSON, the descriptors beside it), joins its cgroup, builds
     its sandbox as skiff's native spawner does, and becomes an instance, skipping the
     interpreter's start."""
-    # Imported now: after pivot_root the child cannot find them at these paths.
+    # The template runs in its runtime layer's tree, as a sandbox (see View in
+    # crates/sandbox/src/template.rs): what it imports has the paths an instance's has.
     import ctypes, importlib, resource, socket, threading, traceback
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -257,8 +262,6 @@ def template():
     raw = ctypes.PyDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    # Where this interpreter's files are (the runtime layer), to re-point after pivot_root.
-    prefix = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
     control = socket.socket(fileno=os.dup(0))
     attach_null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(attach_null, 0)
@@ -301,6 +304,15 @@ def template():
             check(mount(path, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | nsdx), f"remount /proc/{name}")
         for cap in range(prep["last_cap"] + 1):
             check(libc.prctl(24, ctypes.c_ulong(cap)), "drop bounding capabilities")  # PR_CAPBSET_DROP
+
+    def leave_view():
+        """In a spare: out of the template's chroot, to the mount tree's root, where the
+        plan's host paths are. A chroot into /tmp leaves the working directory outside the
+        root, and from there .. climbs to the real one."""
+        os.chroot("/tmp")
+        while (lambda h, u: (h.st_dev, h.st_ino) != (u.st_dev, u.st_ino))(os.stat("."), os.stat("..")):
+            os.chdir("..")
+        os.chroot(".")
 
     def enter(plan, fds):
         """In the child: the steps of skiff's spawner (crates/sandbox/src/child.rs)."""
@@ -381,6 +393,8 @@ def template():
             os.write(fds[0], HEAD.pack(len(msg), len(body)) + msg + body)
             os._exit(125)
         attach(keep)
+        # The command line a plain start has.
+        sys.argv[1:] = [plan["handler"], str(plan["concurrency"])]
         run(plan["handler"], plan["concurrency"])
 
     def rehearse():
@@ -428,10 +442,14 @@ def template():
         if pid < 0:
             check(-1, "clone3")
         if pid == 0:
+            # What os.fork does in a child (clone3 skips it): the interpreter's own state
+            # and the at-fork hooks, which reseed `random` among others.
+            ctypes.pythonapi.PyOS_AfterFork_Child()
             ours.close()
             control.close()
             unprepared = None if preparation else "the template was not prepared"
             try:
+                leave_view()
                 if preparation:
                     prepare(preparation)
             except Exception as e:
@@ -448,14 +466,6 @@ def template():
 
     import gc
 
-    # From here on the template imports nothing: point the interpreter at the paths its
-    # files have inside a sandbox (the runtime layer is every python3 root's /usr).
-    sys.path[:] = [p[len(prefix):] if p.startswith(prefix + "/") else p for p in sys.path]
-    for name in ("prefix", "exec_prefix", "base_prefix", "base_exec_prefix"):
-        setattr(sys, name, "/usr")
-    sys.executable = "/usr/bin/python3.11"
-    sys.path_importer_cache.clear()
-    importlib.invalidate_caches()
     control.send(b"ready")
     # Each request is for one spare, handed over with its pidfd and plan socket: the
     # daemon sends the plan to the spare itself.
