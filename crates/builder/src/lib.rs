@@ -30,18 +30,15 @@ fn dir_entry(path: &str) -> Entry {
 /// Where the function's code goes inside its environment.
 pub const CODE_DIR: &str = "code";
 
-/// Parts of the Python standard library a function does not need: tests, IDLE, Tk,
-/// installers, 2to3, docs data, the static library for embedding.
-const PYTHON_SKIP: [&str; 9] = [
+/// Parts of the Python standard library a function does not need: tests, IDLE, Tk, the
+/// static library for embedding. The rest stays, down to ensurepip, lib2to3, pydoc_data
+/// and venv: a function imports what the machine's python imports.
+const PYTHON_SKIP: [&str; 5] = [
     "test",
     "idlelib",
     "tkinter",
     "turtledemo",
-    "ensurepip",
-    "lib2to3",
-    "pydoc_data",
     "config-3.11-x86_64-linux-gnu",
-    "venv",
 ];
 
 /// Progress reports for a caller's progress bar.
@@ -241,9 +238,11 @@ fn runtime_layer(
         Runtime::Binary => return Ok(None),
     };
     let meta = std::fs::metadata(&interpreter)?;
-    // "rooted": the layer's own tree has the mount points a template needs to run in it.
+    // "rooted": the layer's own tree has the mount points a template needs to run in it;
+    // "stdlib": python's has ensurepip, lib2to3, pydoc_data and venv (a store's older
+    // layer lacks them).
     let key = format!(
-        "{runtime:?} rooted {} {} {}",
+        "{runtime:?} rooted stdlib {} {} {}",
         interpreter.display(),
         meta.len(),
         std::os::unix::fs::MetadataExt::mtime(&meta)

@@ -185,6 +185,9 @@ function template(addon) {
       plan = JSON.parse(message.toString());
       keep = enter(plan, fds);
       reseed();
+      // A handler's process.exit ends the instance as the bootstrap's own exits do
+      // (node's own would tear down helper threads a fork does not have, and crash).
+      process.reallyExit = (code) => native.exit(code);
       // The template compiles eagerly (--no-lazy: nothing of its own is left for each
       // fork to compile); the function's code compiles as node normally would.
       v8.setFlagsFromString("--lazy");
