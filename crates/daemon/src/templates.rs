@@ -131,7 +131,7 @@ impl Templates {
         how: impl FnOnce() -> Result<Launch>,
     ) -> Result<Arc<Template>> {
         let interpreter = Path::new("usr/bin").join(name);
-        let (real, key) = identify(&rootfs.join(&interpreter))?;
+        let (_, key) = identify(&rootfs.join(&interpreter))?;
         if let Some(t) = self.running.lock().unwrap().get(&key) {
             if t.is_alive() {
                 return Ok(t.clone());
@@ -143,9 +143,9 @@ impl Templates {
             env,
             files,
         } = how()?;
-        // The interpreter's own name inside the root (python3 is a link to python3.11).
-        let inside = Path::new("/usr/bin").join(real.file_name().context("no interpreter name")?);
-        let mut argv = vec![inside.to_string_lossy().into_owned()];
+        // The name a plain start runs (python3, a link to python3.11): sys.executable is
+        // the same in a forked instance.
+        let mut argv = vec![format!("/{}", interpreter.display())];
         argv.extend(tail);
         let (reply, rx) = mpsc::channel();
         let request = StartRequest {

@@ -52,7 +52,11 @@ impl Daemon {
 
     /// Ends the function's idle instances, so that its next call is a cold start.
     fn scale_to_zero(&self, function: &str) {
-        let r = self.call("DELETE", &format!("/v1/functions/{function}/instances"), b"");
+        let r = self.call(
+            "DELETE",
+            &format!("/v1/functions/{function}/instances"),
+            b"",
+        );
         assert!(r.status < 300, "scale {function} to zero: {}", r.text());
         wait_for(
             &format!("{function}'s instances to end"),
@@ -65,7 +69,11 @@ impl Daemon {
     fn cold_json(&self, what: &str, function: &str, body: &[u8]) -> Value {
         let r = self.call("POST", &format!("/fn/{function}"), body);
         assert_eq!(r.status, 200, "{what}: {function}: {}", r.text());
-        assert_eq!(r.header("x-skiff-cold-start"), Some("true"), "{what}: {r:?}");
+        assert_eq!(
+            r.header("x-skiff-cold-start"),
+            Some("true"),
+            "{what}: {r:?}"
+        );
         r.json()
     }
 }
@@ -97,12 +105,17 @@ fn host_stdlib() -> Vec<String> {
 }
 
 /// py-stdlib imports the whole standard library; nothing it sees names a host path.
-fn check_stdlib(daemon: &Daemon, data: &Data, path: &str, stdlib: &[String]) {
+/// Returns what it sees of the interpreter (sys.path, the prefixes, sys.executable).
+fn check_stdlib(daemon: &Daemon, data: &Data, path: &str, stdlib: &[String]) -> Value {
     let v = daemon.cold_json(path, "py-stdlib", &serde_json::to_vec(stdlib).unwrap());
     assert_eq!(v["failed"], json!({}), "{path}: imports failed");
     assert_eq!(v["imported"], stdlib.len(), "{path}: {v}");
-    assert_eq!(v["prefix"], json!(["/usr", "/usr", "/usr", "/usr"]), "{path}");
-    assert_eq!(v["executable"], "/usr/bin/python3.11", "{path}");
+    assert_eq!(
+        v["prefix"],
+        json!(["/usr", "/usr", "/usr", "/usr"]),
+        "{path}"
+    );
+    assert_eq!(v["executable"], "/usr/bin/python3", "{path}");
     let host = data.dir.to_str().unwrap();
     let sys_path: Vec<&str> = v["sys_path"]
         .as_array()
@@ -110,7 +123,10 @@ fn check_stdlib(daemon: &Daemon, data: &Data, path: &str, stdlib: &[String]) {
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    assert!(sys_path.contains(&"/usr/lib/python3.11"), "{path}: {sys_path:?}");
+    assert!(
+        sys_path.contains(&"/usr/lib/python3.11"),
+        "{path}: {sys_path:?}"
+    );
     assert!(sys_path.contains(&"/code"), "{path}: {sys_path:?}");
     let module_paths = v["module_paths"].as_array().unwrap();
     assert!(module_paths.len() > stdlib.len(), "{path}: {v}");
@@ -121,6 +137,7 @@ fn check_stdlib(daemon: &Daemon, data: &Data, path: &str, stdlib: &[String]) {
         .filter(|p| p.contains(host))
         .collect();
     assert!(on_host.is_empty(), "{path}: host paths: {on_host:?}");
+    json!([v["sys_path"], v["prefix"], v["executable"]])
 }
 
 /// The wheels with native code compute.
@@ -157,7 +174,10 @@ fn check_node_packages(daemon: &Daemon, path: &str) {
         json!([{"k": "a", "total": 4}, {"k": "b", "total": 2}]),
         "{path}: {v}"
     );
-    assert!(v["version"].as_str().is_some_and(|s| s.starts_with("3.")), "{path}: {v}");
+    assert!(
+        v["version"].as_str().is_some_and(|s| s.starts_with("3.")),
+        "{path}: {v}"
+    );
     let v = daemon.cold_json(path, "node-lock", b"{}");
     // The range (^7.0.0) alone would resolve to the newest 7.x.
     assert_eq!(v, json!({"version": "7.5.4", "satisfies": true}), "{path}");
@@ -176,18 +196,21 @@ fn stdlib_native_packages_and_locks_work_on_both_cold_paths() {
     let stdlib = host_stdlib();
     // One data directory: the second deploys reuse the package layers the first built.
     let data = Data::new("workloads-packages", 8);
+    let mut seen = Vec::new();
     for path in ["template", "plain"] {
         let daemon = Daemon::start_with(&data, &["--cold-start", path]);
         for name in PACKAGED {
             deploy(&daemon, &data, name);
             daemon.scale_to_zero(name);
         }
-        check_stdlib(&daemon, &data, path, &stdlib);
+        seen.push(check_stdlib(&daemon, &data, path, &stdlib));
         check_wheels(&daemon, path);
         check_node_packages(&daemon, path);
         daemon.stop_within(Duration::from_secs(15));
         assert_nothing_left(&data);
     }
+    // A forked instance sees the interpreter as a plain start does.
+    assert_eq!(seen[0], seen[1], "template, then plain");
 }
 
 /// Two instances of one function, forked from the template at the same time, each
@@ -206,8 +229,14 @@ fn forked_instances_draw_different_random_numbers() {
             (a.join().unwrap(), b.join().unwrap())
         });
         let (ra, rb) = (daemon.record_of(&a), daemon.record_of(&b));
-        assert_ne!(ra["instance"], rb["instance"], "{name}: one instance served both");
-        assert_eq!((ra["cold_start"].clone(), rb["cold_start"].clone()), (json!(true), json!(true)));
+        assert_ne!(
+            ra["instance"], rb["instance"],
+            "{name}: one instance served both"
+        );
+        assert_eq!(
+            (ra["cold_start"].clone(), rb["cold_start"].clone()),
+            (json!(true), json!(true))
+        );
         let (a, b) = (a.json(), b.json());
         let draws = |v: &Value| v["random"].as_array().unwrap().clone();
         assert_eq!(draws(&a).len(), 4, "{a}");
@@ -215,7 +244,10 @@ fn forked_instances_draw_different_random_numbers() {
             assert_ne!(x, y, "{name}: the instances drew the same numbers: {a} {b}");
         }
         if name == "node-random" {
-            assert_ne!(a["bytes"], b["bytes"], "{name}: crypto.randomBytes repeated");
+            assert_ne!(
+                a["bytes"], b["bytes"],
+                "{name}: crypto.randomBytes repeated"
+            );
         }
     }
     daemon.stop_within(Duration::from_secs(15));
@@ -226,42 +258,50 @@ fn forked_instances_draw_different_random_numbers() {
 /// by a signal is in the call's record and in `skiff logs`.
 #[test]
 fn lines_printed_before_a_timeout_an_oom_or_a_crash_are_kept() {
-    let data = Data::new("workloads-dying", 8);
-    let daemon = Daemon::start(&data);
-    for name in ["py-dying", "node-dying"] {
-        deploy(&daemon, &data, name);
-        for (case, status, why) in [
-            ("timeout", 504, "timed out"),
-            ("oom", 502, "out of memory"),
-            ("exit", 502, "exited with 3"),
-            ("signal", 502, "signal"),
-        ] {
-            let r = daemon.call("GET", &format!("/fn/{name}/{case}"), b"");
-            assert_eq!(r.status, status, "{name}/{case}: {}", r.text());
-            assert!(r.text().contains(why), "{name}/{case}: {}", r.text());
-            let record = daemon.record_of(&r);
-            let id = record["id"].as_str().unwrap();
-            let printed = [
-                format!("{name} before {case}"),
-                format!("{name} to stderr before {case}"),
-            ];
-            let logs = stdout(&daemon.cli(&data, &["logs", name, "--invocation", id]));
-            for line in &printed {
-                assert!(
-                    record["logs"]
-                        .as_array()
-                        .is_some_and(|l| l.iter().any(|x| x == line.as_str())),
-                    "{name}/{case}: {line:?} not in the record: {record}"
-                );
-                assert!(
-                    logs.lines().any(|l| l.ends_with(&format!(": {line}"))),
-                    "{name}/{case}: {line:?} not in `skiff logs`:\n{logs}"
-                );
-            }
+    for path in ["template", "plain"] {
+        let data = Data::new(&format!("workloads-dying-{path}"), 8);
+        let daemon = Daemon::start_with(&data, &["--cold-start", path]);
+        for name in ["py-dying", "node-dying"] {
+            deploy(&daemon, &data, name);
+            check_dying(&daemon, &data, path, name);
+        }
+        daemon.stop_within(Duration::from_secs(15));
+        assert_nothing_left(&data);
+    }
+}
+
+/// Each way `name` can die, after printing a line to stdout and one to stderr.
+fn check_dying(daemon: &Daemon, data: &Data, path: &str, name: &str) {
+    for (case, status, why) in [
+        ("timeout", 504, "timed out"),
+        ("oom", 502, "out of memory"),
+        ("exit", 502, "exited with 3"),
+        ("signal", 502, "signal"),
+    ] {
+        let what = format!("{path}: {name}/{case}");
+        let r = daemon.call("GET", &format!("/fn/{name}/{case}"), b"");
+        assert_eq!(r.status, status, "{what}: {}", r.text());
+        assert!(r.text().contains(why), "{what}: {}", r.text());
+        let record = daemon.record_of(&r);
+        let id = record["id"].as_str().unwrap();
+        let printed = [
+            format!("{name} before {case}"),
+            format!("{name} to stderr before {case}"),
+        ];
+        let logs = stdout(&daemon.cli(data, &["logs", name, "--invocation", id]));
+        for line in &printed {
+            assert!(
+                record["logs"]
+                    .as_array()
+                    .is_some_and(|l| l.iter().any(|x| x == line.as_str())),
+                "{what}: {line:?} not in the record: {record}"
+            );
+            assert!(
+                logs.lines().any(|l| l.ends_with(&format!(": {line}"))),
+                "{what}: {line:?} not in `skiff logs`:\n{logs}"
+            );
         }
     }
-    daemon.stop_within(Duration::from_secs(15));
-    assert_nothing_left(&data);
 }
 
 /// A package that does not exist: the deploy fails with pip's and npm's own reason.
@@ -280,9 +320,15 @@ fn a_missing_package_fails_the_deploy_with_the_tools_reason() {
         let error = stderr(&out);
         assert!(!out.status.success(), "{name} deployed: {}", stdout(&out));
         assert!(error.contains(says), "{name}: {says:?} not in: {error}");
-        assert!(error.contains("a-package-that-does-not-exist-xyz"), "{name}: {error}");
+        assert!(
+            error.contains("a-package-that-does-not-exist-xyz"),
+            "{name}: {error}"
+        );
         // No host path: neither the data directory nor the tool's scratch directory.
-        assert!(!error.contains(data.dir.to_str().unwrap()), "{name}: {error}");
+        assert!(
+            !error.contains(data.dir.to_str().unwrap()),
+            "{name}: {error}"
+        );
         assert!(!error.contains("skiff-packages-"), "{name}: {error}");
         assert_eq!(daemon.get(&format!("/v1/functions/{name}")).status, 404);
     }
