@@ -287,7 +287,11 @@ fn check_dying(daemon: &Daemon, data: &Data, path: &str, name: &str) {
         ("oom", 502, "out of memory"),
         ("exit", 502, "exited with 3"),
         ("signal", 502, "signal"),
+        ("uncaught", 502, "exited with 1"),
     ] {
+        if case == "uncaught" && name != "node-dying" {
+            continue;
+        }
         let what = format!("{path}: {name}/{case}");
         let r = daemon.call("GET", &format!("/fn/{name}/{case}"), b"");
         assert_eq!(r.status, status, "{what}: {}", r.text());
@@ -309,6 +313,14 @@ fn check_dying(daemon: &Daemon, data: &Data, path: &str, name: &str) {
             assert!(
                 logs.lines().any(|l| l.ends_with(&format!(": {line}"))),
                 "{what}: {line:?} not in `skiff logs`:\n{logs}"
+            );
+        }
+        if case == "uncaught" {
+            // What node prints of the exception, in the function's log at least.
+            let logs = stdout(&daemon.cli(data, &["logs", name]));
+            assert!(
+                logs.contains("Error: node-dying uncaught"),
+                "{what}: no error in `skiff logs`:\n{logs}"
             );
         }
     }

@@ -188,6 +188,15 @@ function template(addon) {
       // A handler's process.exit ends the instance as the bootstrap's own exits do
       // (node's own would tear down helper threads a fork does not have, and crash).
       process.reallyExit = (code) => native.exit(code);
+      // So does an exception nothing catches: node's own end (print, then that teardown)
+      // is replaced by the last 'exit' listener, which prints the error as node would.
+      process.on("uncaughtExceptionMonitor", (error) => {
+        if (process.listenerCount("uncaughtException") || process.hasUncaughtExceptionCaptureCallback()) return;
+        process.on("exit", (code) => {
+          process.stderr.write(`${require("util").inspect(error)}\n\nNode.js ${process.version}\n`);
+          native.exit(code);
+        });
+      });
       // The template compiles eagerly (--no-lazy: nothing of its own is left for each
       // fork to compile); the function's code compiles as node normally would.
       v8.setFlagsFromString("--lazy");

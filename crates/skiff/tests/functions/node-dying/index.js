@@ -1,5 +1,6 @@
 // Logs, then dies the way the path asks: past its timeout, out of memory (outside V8's
-// heap, so the kernel's OOM killer ends it), by process.exit, or by a signal (abort).
+// heap, so the kernel's OOM killer ends it), by process.exit, by a signal (abort), or by
+// an exception nothing catches.
 exports.handler = async (event, context) => {
   const kase = context.path.replace(/^\//, "");
   console.log(`node-dying before ${kase}`);
@@ -11,5 +12,12 @@ exports.handler = async (event, context) => {
   }
   if (kase === "exit") process.exit(3);
   if (kase === "signal") process.abort();
+  if (kase === "uncaught") {
+    // Thrown outside the handler's promise: node ends the process (exit status 1).
+    setTimeout(() => {
+      throw new Error("node-dying uncaught");
+    }, 0);
+    await new Promise((resolve) => setTimeout(resolve, 30000));
+  }
   return "survived";
 };
