@@ -224,11 +224,12 @@ fn stdlib_native_packages_and_locks_work_on_both_cold_paths() {
 }
 
 /// Two instances of one function, forked from the template at the same time, each
-/// draw their own random numbers.
+/// draw their own random numbers (python's `random` matters once a template has
+/// imported it: the handler's module imports it after the fork today).
 #[test]
 fn forked_instances_draw_different_random_numbers() {
     let data = Data::new("workloads-random", 8);
-    let daemon = Daemon::start(&data);
+    let daemon = Daemon::start_with(&data, &["--cold-start", "template"]);
     for name in ["py-random", "node-random"] {
         deploy(&daemon, &data, name);
         daemon.scale_to_zero(name);
