@@ -61,13 +61,13 @@ cleanup() {
   stop_daemon
   [ -z "$bare" ] || { kill "$bare" 2>/dev/null || true; wait "$bare" 2>/dev/null || true; }
   "$RUNC" delete -f skiff-bench-cold >/dev/null 2>&1 || true
-  "$skiff" --data "$data" gc --pools >/dev/null 2>&1 || true
+  "$skiff" --data-dir "$data" gc --pools >/dev/null 2>&1 || true
   umount "$data/run" "$data/pool/dev" 2>/dev/null || true
   rm -rf "$data"
 }
 trap cleanup EXIT
 start_daemon() {   # $1: template|plain
-  "$skiff" --data "$data" --socket "$sock" serve --listen 127.0.0.1:$port --cold-start "$1" \
+  "$skiff" --data-dir "$data" --socket "$sock" serve --listen 127.0.0.1:$port --cold-start "$1" \
     2>>"$out/daemon.log" &
   daemon=$!
   for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && return; sleep 0.05; done

@@ -19,14 +19,15 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
 struct Cli {
-    /// Data directory: pools, sandbox records, logs.
+    /// Data directory: pools, sandbox records, logs, environments, functions.
     #[arg(
-        long,
+        long = "data-dir",
+        value_name = "DIR",
         global = true,
         env = "SKIFF_DATA",
         default_value = "/var/lib/skiff"
     )]
-    data: PathBuf,
+    data_dir: PathBuf,
     /// The daemon's Unix socket (serve listens on it; other commands talk to it).
     #[arg(long, global = true, env = "SKIFF_SOCKET", default_value = skiff_daemon::DEFAULT_SOCKET)]
     socket: PathBuf,
@@ -87,9 +88,15 @@ enum Command {
     /// Invoke a function and print its response.
     Invoke {
         name: String,
-        /// Request body, or @FILE to read it from a file.
-        #[arg(short = 'd', long = "body", value_name = "DATA|@FILE")]
-        body: Option<String>,
+        /// The request body, as in curl: DATA, @FILE for a file's bytes (as they are),
+        /// @- for standard input.
+        #[arg(
+            short = 'd',
+            long = "data",
+            alias = "data-binary",
+            value_name = "DATA|@FILE"
+        )]
+        data: Option<String>,
         /// A request header K:V (repeatable).
         #[arg(short = 'H', long = "header")]
         headers: Vec<String>,
@@ -198,11 +205,17 @@ fn main() -> ExitCode {
             let text = e.render().to_string();
             let first = text.lines().next().unwrap_or("invalid arguments");
             let message = first.trim_start_matches("error: ");
-            eprintln!("skiff: error: {message} (see `skiff help`)");
+            // clap's tip names the flag meant, e.g. --data-dir for the old global --data.
+            let tip = text
+                .lines()
+                .map(str::trim)
+                .find(|l| l.starts_with("tip: "))
+                .map_or(String::new(), |tip| format!("; {tip}"));
+            eprintln!("skiff: error: {message}{tip} (see `skiff help`)");
             return ExitCode::from(125);
         }
     };
-    let data = cli.data;
+    let data = cli.data_dir;
     let target = client::Target {
         socket: &cli.socket,
         host: cli.host.as_deref(),
@@ -225,7 +238,7 @@ fn main() -> ExitCode {
         Command::Deploy { dir } => remote::deploy(&target, &dir).map(|()| 0),
         Command::Invoke {
             name,
-            body,
+            data: body,
             mut headers,
             is_async,
             session,

@@ -92,8 +92,10 @@ impl Daemon {
 }
 
 /// A tar of a directory, as `POST /v1/functions` takes it.
+/// A tar of a function directory, as `skiff deploy` sends it (symlinks as they are).
 fn tar_of(dir: &Path) -> Vec<u8> {
     let mut tar = tar::Builder::new(Vec::new());
+    tar.follow_symlinks(false);
     tar.append_dir_all(".", dir).unwrap();
     tar.into_inner().unwrap()
 }
@@ -980,6 +982,104 @@ fn bad_deploys_and_bad_requests_get_json_errors() {
         assert_eq!(r.status, 404, "{path}: {}", r.text());
         assert_eq!(r.error(), "no such route", "{path}");
     }
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+#[test]
+fn broken_functions_are_refused_at_deploy_with_validates_message() {
+    let data = Data::new("serve-broken", 2);
+    let daemon = Daemon::start(&data);
+    for broken in common::broken_functions(&data.dir.join("fn")) {
+        let r = daemon.request(
+            "POST",
+            "/v1/functions",
+            &[("content-type", "application/x-tar")],
+            &tar_of(&broken.dir),
+        );
+        assert_eq!(r.status, 400, "{:?}: {}", broken.dir, r.text());
+        // The same message as `skiff validate`, which names no host path.
+        assert_eq!(r.error(), broken.message);
+        let out = daemon.cli(&data, &["deploy", broken.dir.to_str().unwrap()]);
+        assert_eq!(
+            stderr(&out),
+            format!("skiff: error: {} (HTTP 400)\n", broken.message)
+        );
+    }
+    assert_eq!(daemon.get("/v1/functions").json(), json!([]));
+    let scratch: Vec<_> = std::fs::read_dir(data.dir.join("functions"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(scratch.is_empty(), "left in DATA/functions: {scratch:?}");
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+#[test]
+fn invoke_sends_its_data_as_curl_does() {
+    let data = Data::new("serve-invoke-data", 4);
+    let daemon = Daemon::start(&data);
+    let out = daemon.cli(&data, &["deploy", echo(&data).to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let invoke = |args: &[&str]| {
+        let out = daemon.cli(&data, &[&["invoke", "echo"][..], args].concat());
+        assert!(out.status.success(), "invoke {args:?}: {}", stderr(&out));
+        out.stdout
+    };
+    assert_eq!(invoke(&["--data", r#"{"name": "x"}"#]), br#"{"name": "x"}"#);
+    assert_eq!(invoke(&["-d", "short"]), b"short");
+    // A file's bytes as they are, newlines and all.
+    let file = data.dir.join("body.bin");
+    std::fs::write(&file, b"line one\r\nline two\n\0\xff").unwrap();
+    let at_file = format!("@{}", file.display());
+    for flag in ["-d", "--data", "--data-binary"] {
+        assert_eq!(
+            invoke(&[flag, &at_file]),
+            b"line one\r\nline two\n\0\xff",
+            "{flag}"
+        );
+    }
+    let mut child = data
+        .cmd()
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["invoke", "echo", "-d", "@-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"from stdin")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(stdout(&out), "from stdin", "{}", stderr(&out));
+    assert_eq!(invoke(&[]), b"");
+
+    // The data directory is --data-dir (or SKIFF_DATA); the old global --data is refused
+    // rather than taken for a body or a directory.
+    let out = Command::new(common::SKIFF)
+        .env("SKIFF_DATA", &data.dir)
+        .args(["pool"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains(&data.pool_name()), "{}", stdout(&out));
+    let out = Command::new(common::SKIFF)
+        .arg("--data")
+        .arg(&data.dir)
+        .arg("pool")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", stdout(&out));
+    assert_eq!(
+        stderr(&out),
+        "skiff: error: unexpected argument '--data' found; tip: a similar argument exists: \
+         '--data-dir' (see `skiff help`)\n"
+    );
     daemon.stop();
     assert_nothing_left(&data);
 }
