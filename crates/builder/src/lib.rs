@@ -104,7 +104,12 @@ pub fn build(store: &Store, dir: &Path, progress: &mut dyn FnMut(Progress)) -> R
     if manifest.runtime == Runtime::Binary {
         // A native handler brings its own shared-library closure.
         let handler = code.join(manifest.handler.trim_start_matches("./"));
-        entries.extend(host_files(store, &elf_closure(&[handler])?)?);
+        let closure = elf_closure(&[handler]).map_err(|e| {
+            // The handler as the sandbox sees it, not the (daemon's scratch) host copy.
+            let host = format!("{}/", code.display());
+            anyhow::anyhow!("{}", format!("{e:#}").replace(&host, "/code/"))
+        })?;
+        entries.extend(host_files(store, &closure)?);
     }
     entries.extend(code_entries);
 

@@ -1006,6 +1006,35 @@ fn broken_functions_are_refused_at_deploy_with_validates_message() {
             format!("skiff: error: {} (HTTP 400)\n", broken.message)
         );
     }
+    // A library only found when the environment is built: named as the sandbox would
+    // see the handler, not as the daemon's scratch copy of the function.
+    let lib_dir = data.dir.join("lib");
+    std::fs::create_dir_all(&lib_dir).unwrap();
+    std::fs::write(lib_dir.join("gone.c"), "int gone(void) { return 0; }\n").unwrap();
+    let cc = |args: &[&str]| {
+        let status = Command::new("cc").current_dir(&lib_dir).args(args).status();
+        assert!(status.unwrap().success(), "cc {args:?}");
+    };
+    cc(&["-shared", "-fPIC", "-o", "libskiffgone.so", "gone.c"]);
+    let needs_gone = function(
+        &data,
+        "needs-gone",
+        "name: needs-gone\nruntime: binary\nhandler: ./main\n",
+        None,
+    );
+    std::fs::write(
+        lib_dir.join("main.c"),
+        "int gone(void);\nint main(void) { return gone(); }\n",
+    )
+    .unwrap();
+    let main = needs_gone.join("main");
+    cc(&["-o", main.to_str().unwrap(), "main.c", "-L.", "-lskiffgone"]);
+    let out = daemon.cli(&data, &["deploy", needs_gone.to_str().unwrap()]);
+    assert_eq!(
+        stderr(&out),
+        "skiff: error: /code/main needs libskiffgone.so, which is not installed (HTTP 400)\n"
+    );
+
     assert_eq!(daemon.get("/v1/functions").json(), json!([]));
     let scratch: Vec<_> = std::fs::read_dir(data.dir.join("functions"))
         .unwrap()
