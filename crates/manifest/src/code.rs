@@ -69,12 +69,22 @@ impl Manifest {
             Some("") | None => String::new(),
             Some(path) => format!("{}/", path.trim_end_matches('/')),
         };
-        let dir = dir.join(&relative);
-        let Ok(canonical) = dir.canonicalize() else {
+        let code_dir = dir.join(&relative);
+        let Ok(canonical) = code_dir.canonicalize() else {
             bail!("code: the function has no directory {}", self.code);
         };
+        // Only the function's own files are built into its environment, never the host's.
+        if !dir
+            .canonicalize()
+            .is_ok_and(|function| canonical.starts_with(function))
+        {
+            bail!(
+                "code: {} links to outside the function's directory",
+                self.code
+            );
+        }
         let code = Code {
-            dir,
+            dir: code_dir,
             canonical,
             prefix,
         };
@@ -123,7 +133,7 @@ fn python_module(code: &Code, handler: &str) -> Result<()> {
 /// `index.handler`: what node's `require("/code/index")` loads, `index`, `index.js`,
 /// `index.json`, `index.node` or a directory `index/`.
 fn node_module(code: &Code, handler: &str) -> Result<()> {
-    let (module, _) = handler.rsplit_once('.').expect("checked at parsing");
+    let (module, export) = handler.rsplit_once('.').expect("checked at parsing");
     for suffix in ["", ".js", ".json", ".node"] {
         if code.find(handler, &format!("{module}{suffix}"))?.is_some() {
             return Ok(());
@@ -135,7 +145,6 @@ fn node_module(code: &Code, handler: &str) -> Result<()> {
         .map(|ext| format!("{module}{ext}"))
         .find(|file| code.dir.join(file).is_file());
     let hint = named.map_or(String::new(), |file| {
-        let export = handler.rsplit_once('.').map_or("handler", |(_, e)| e);
         format!(
             "; to load {}, name it: handler: {file}.{export}",
             code.shown(&file)

@@ -467,6 +467,12 @@ pub fn broken_functions(parent: &Path) -> Vec<Broken> {
     let elf = elf.as_slice();
     let outside = function("bin-outside", "runtime: binary\nhandler: ./run\n", &[]);
     std::os::unix::fs::symlink("/bin/busybox", outside.join("run")).unwrap();
+    let code_outside = function(
+        "code-outside",
+        "runtime: python3\nhandler: main.handle\ncode: lib\n",
+        &[],
+    );
+    std::os::unix::fs::symlink("/etc", code_outside.join("lib")).unwrap();
     vec![
         Broken {
             dir: function(
@@ -486,6 +492,10 @@ pub fn broken_functions(parent: &Path) -> Vec<Broken> {
                 ],
             ),
             message: "handler app.handle: the function has no src/app.py (nor a src/app/ package)",
+        },
+        Broken {
+            dir: code_outside,
+            message: "code: lib links to outside the function's directory",
         },
         Broken {
             dir: function(
