@@ -34,15 +34,25 @@ impl Code {
 
     /// The entry at `rel` (symlinks followed), `None` when there is none.
     fn find(&self, handler: &str, rel: &str) -> Result<Option<Metadata>> {
+        // In the sandbox the code is all there is: no `..` or link out of it, whether
+        // what it leads to exists or not (the daemon's neighbours are not the user's).
+        let outside = || {
+            anyhow::anyhow!(
+                "handler {handler}: {} points outside the function's code",
+                self.shown(rel)
+            )
+        };
+        if Path::new(rel)
+            .components()
+            .any(|c| c == Component::ParentDir)
+        {
+            return Err(outside());
+        }
         let Ok(resolved) = self.dir.join(rel).canonicalize() else {
             return Ok(None);
         };
-        // In the sandbox the code is all there is of the function's directory.
         if !resolved.starts_with(&self.canonical) {
-            bail!(
-                "handler {handler}: {} links to outside the function's code",
-                self.shown(rel)
-            );
+            return Err(outside());
         }
         Ok(resolved.metadata().ok())
     }
@@ -79,7 +89,7 @@ impl Manifest {
             .is_ok_and(|function| canonical.starts_with(function))
         {
             bail!(
-                "code: {} links to outside the function's directory",
+                "code: {} points outside the function's directory",
                 self.code
             );
         }

@@ -495,7 +495,7 @@ pub fn broken_functions(parent: &Path) -> Vec<Broken> {
         },
         Broken {
             dir: code_outside,
-            message: "code: lib links to outside the function's directory",
+            message: "code: lib points outside the function's directory",
         },
         Broken {
             dir: function(
@@ -557,7 +557,16 @@ pub fn broken_functions(parent: &Path) -> Vec<Broken> {
         },
         Broken {
             dir: outside,
-            message: "handler ./run: run links to outside the function's code",
+            message: "handler ./run: run points outside the function's code",
+        },
+        Broken {
+            dir: function(
+                "bin-dotdot",
+                "runtime: binary\nhandler: ../bin-noexec/echo\n",
+                &[],
+            ),
+            message: "handler ../bin-noexec/echo: ../bin-noexec/echo points outside the \
+                      function's code",
         },
         Broken {
             dir: function("wasm-missing", "runtime: wasm\nhandler: f.wasm\n", &[]),
