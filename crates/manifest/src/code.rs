@@ -134,7 +134,7 @@ fn python_module(code: &Code, handler: &str) -> Result<()> {
         return Ok(());
     }
     bail!(
-        "handler {handler}: the function has no {} (nor a {}/ package)",
+        "handler {handler}: the function has no {} (nor a package {}/)",
         code.shown(&format!("{rel}.py")),
         code.shown(&rel)
     )
@@ -207,4 +207,73 @@ fn wasm_module(code: &Code, handler: &str) -> Result<()> {
         bail!("handler {shown} is not a WebAssembly module: it does not start with \\0asm");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A function directory holding `files` (empty ones), checked with `manifest`.
+    fn check(name: &str, manifest: &str, files: &[&str]) -> Result<()> {
+        let dir = std::env::temp_dir().join(format!("skiff-code-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for file in files {
+            let path = dir.join(file);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, "").unwrap();
+        }
+        std::fs::create_dir_all(&dir).unwrap();
+        let result = Manifest::parse(&format!("name: f\n{manifest}"), "skiff.yaml")
+            .unwrap()
+            .check_code(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        result
+    }
+
+    #[test]
+    fn python_modules_are_found_as_import_finds_them() {
+        let python = "runtime: python3\nhandler: main.handle\n";
+        for (name, files) in [
+            ("source", &["main.py"][..]),
+            ("bytecode", &["main.pyc"]),
+            ("extension", &["main.cpython-311-x86_64-linux-gnu.so"]),
+            ("package", &["main/__init__.py"]),
+        ] {
+            assert!(check(name, python, files).is_ok(), "{name}");
+        }
+        let dotted = "runtime: python3\nhandler: app.main.handle\n";
+        assert!(check("dotted", dotted, &["app/main.py"]).is_ok());
+        assert_eq!(
+            check("dotted-missing", dotted, &["main.py"])
+                .unwrap_err()
+                .to_string(),
+            "handler app.main.handle: the function has no app/main.py (nor a package app/main/)"
+        );
+        // `mainly.so` is not the module `main`.
+        assert!(check("prefix", python, &["mainly.so"]).is_err());
+    }
+
+    #[test]
+    fn node_modules_are_found_as_require_finds_them() {
+        let node = "runtime: node\nhandler: index.handler\n";
+        for (name, files) in [
+            ("js", &["index.js"][..]),
+            ("json", &["index.json"]),
+            ("addon", &["index.node"]),
+            ("bare", &["index"]),
+            ("directory", &["index/index.js"]),
+        ] {
+            assert!(check(name, node, files).is_ok(), "{name}");
+        }
+        assert_eq!(
+            check("cjs", node, &["index.cjs"]).unwrap_err().to_string(),
+            "handler index.handler: the function has no index.js (nor a directory index/); \
+             to load index.cjs, name it: handler: index.cjs.handler"
+        );
+        let nested = "runtime: node\nhandler: ../index.handler\n";
+        assert_eq!(
+            check("nested", nested, &[]).unwrap_err().to_string(),
+            "handler ../index.handler: ../index points outside the function's code"
+        );
+    }
 }

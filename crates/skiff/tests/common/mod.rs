@@ -480,7 +480,7 @@ pub fn broken_functions(parent: &Path) -> Vec<Broken> {
                 "runtime: python3\nhandler: main.handle\n",
                 &[("other.py", b"", 0o644)],
             ),
-            message: "handler main.handle: the function has no main.py (nor a main/ package)",
+            message: "handler main.handle: the function has no main.py (nor a package main/)",
         },
         Broken {
             dir: function(
@@ -491,7 +491,7 @@ pub fn broken_functions(parent: &Path) -> Vec<Broken> {
                     ("src/util.py", b"", 0o644),
                 ],
             ),
-            message: "handler app.handle: the function has no src/app.py (nor a src/app/ package)",
+            message: "handler app.handle: the function has no src/app.py (nor a package src/app/)",
         },
         Broken {
             dir: code_outside,
