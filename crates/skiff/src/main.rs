@@ -93,7 +93,7 @@ enum Command {
         #[arg(
             short = 'd',
             long = "data",
-            alias = "data-binary",
+            visible_alias = "data-binary",
             value_name = "DATA|@FILE"
         )]
         data: Option<String>,
