@@ -501,7 +501,10 @@ mod tests {
              npm error path /tmp/skiff-packages-1-2/node_modules/x\n\
              npm error A complete log of this run can be found in: /root/.npm/_logs/x.log\n",
         );
-        let shown = tool_error(&out, &[(PathBuf::from("/tmp/skiff-packages-1-2"), String::new())]);
+        let shown = tool_error(
+            &out,
+            &[(PathBuf::from("/tmp/skiff-packages-1-2"), String::new())],
+        );
         assert_eq!(
             shown,
             "npm error code E404\n\
@@ -529,7 +532,10 @@ mod tests {
              ERROR: No matching distribution found for nope"
         ));
         assert!(!shown.contains("root' user"));
-        assert_eq!(tool_error(&failed(""), &[]), "exit status: 1 and said nothing");
+        assert_eq!(
+            tool_error(&failed(""), &[]),
+            "exit status: 1 and said nothing"
+        );
     }
 
     #[test]

@@ -297,7 +297,10 @@ mod tests {
     }
 
     fn cc(args: &[&str]) {
-        let out = std::process::Command::new("cc").args(args).output().unwrap();
+        let out = std::process::Command::new("cc")
+            .args(args)
+            .output()
+            .unwrap();
         assert!(
             out.status.success(),
             "cc {args:?}: {}",
@@ -308,10 +311,8 @@ mod tests {
     /// pkg/_ext.so needs pkg.libs/libinner.so.1 (RUNPATH $ORIGIN/../pkg.libs), which
     /// needs libm; pkg/_other.so needs libnowhere.so.9, unless `complete`.
     fn tree(name: &str, complete: bool) -> Tree {
-        let root = std::env::temp_dir().join(format!(
-            "skiff-closure-{name}-{}",
-            std::process::id()
-        ));
+        let root =
+            std::env::temp_dir().join(format!("skiff-closure-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(root.join("pkg")).unwrap();
         std::fs::create_dir_all(root.join("pkg.libs")).unwrap();
