@@ -1456,3 +1456,79 @@ fn gc_leaves_a_running_daemons_instances_alone() {
     daemon.stop();
     assert_nothing_left(&data);
 }
+
+/// A python3 function with packages gets a template of its own that has imported them:
+/// its instances are forks of it, each in its own cgroup slot, as sandboxed as any
+/// instance, drawing their own random numbers; the template is listed, and it goes with
+/// its function.
+#[test]
+fn a_function_with_packages_forks_from_a_template_of_its_own() {
+    let data = Data::new("serve-fn-template", 8);
+    let daemon = Daemon::start(&data);
+    deploy(&daemon, &data, "py-packages");
+    let templates = || -> Vec<Value> {
+        let all = daemon.get("/v1/instances").json();
+        all.as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["role"] == "template")
+            .cloned()
+            .collect()
+    };
+    let listed = templates();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["function"], "py-packages");
+    let ps = stdout(&daemon.cli(&data, &["ps"]));
+    assert!(ps.contains("template of function py-packages"), "{ps}");
+    // Two calls at once: two instances, forked.
+    let (a, b) = std::thread::scope(|s| {
+        let call = || s.spawn(|| daemon.get("/fn/py-packages?sleep"));
+        let (a, b) = (call(), call());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let (a, b) = (a.json(), b.json());
+    for v in [&a, &b] {
+        assert_eq!(v["preloaded"], true, "{v:#}");
+        assert_eq!(v["uid"], 65534, "{v:#}");
+        assert_eq!(v["cap_eff"], "0000000000000000", "{v:#}");
+        assert_eq!(v["seccomp"], "2", "{v:#}");
+        assert_eq!(v["no_new_privs"], "1", "{v:#}");
+        assert!(v["six"]
+            .as_str()
+            .unwrap()
+            .starts_with("/usr/lib/python3/dist-packages/"));
+        // Their channel and nothing else of the template's (the listing's own is 3).
+        assert_eq!(v["fds"].as_array().unwrap().len(), 5, "{v:#}");
+        // Moved out of the template's cgroup (its namespace's root) into their own.
+        assert_ne!(v["cgroup"], "/", "{v:#}");
+    }
+    assert_ne!(a["pid"], b["pid"]);
+    assert_ne!(a["cgroup"], b["cgroup"]);
+    assert_ne!(a["random"], b["random"]);
+    assert_ne!(a["urandom"], b["urandom"]);
+    let metrics = daemon.get("/metrics").text();
+    assert!(
+        metrics.contains("skiff_function_template_memory_bytes{function=\"py-packages\"}"),
+        "{metrics}"
+    );
+    // A crash of a fork: a 502, its last words kept; the template stays.
+    let r = daemon.get("/fn/py-packages?crash");
+    assert_eq!(r.status, 502, "{}", r.text());
+    let id = r.header("x-skiff-invocation-id").unwrap().to_owned();
+    let record = daemon.get(&format!("/v1/invocations/{id}")).json();
+    assert_eq!(record["logs"], json!(["last words"]), "{record:#}");
+    assert_eq!(templates().len(), 1);
+    assert_eq!(daemon.get("/fn/py-packages").status, 200);
+    // Removed with its function.
+    assert_eq!(
+        daemon
+            .request("DELETE", "/v1/functions/py-packages", &[], b"")
+            .status,
+        204
+    );
+    wait_for("the template to end", Duration::from_secs(5), || {
+        templates().is_empty().then_some(())
+    });
+    daemon.stop();
+    assert_nothing_left(&data);
+}
