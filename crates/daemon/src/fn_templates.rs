@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use skiff_cgroups::{Entry, Slot};
-use skiff_sandbox::Child;
+use skiff_sandbox::{Child, ExitStatus};
 
 use crate::engine::Engine;
 use crate::registry::{Function, Runtime};
@@ -50,13 +50,46 @@ pub struct FunctionTemplate {
     instances: AtomicUsize,
 }
 
-/// An instance's hold on the template it was forked from: while any is held, the
-/// template is not evicted.
-pub struct TemplateUse(Arc<FunctionTemplate>);
+/// An instance's hold on the template it was forked from (and its pid there): while
+/// any is held, the template is not evicted.
+pub struct TemplateUse {
+    template: Arc<FunctionTemplate>,
+    pid: i64,
+}
+
+impl TemplateUse {
+    fn new(template: &Arc<FunctionTemplate>, pid: i64) -> TemplateUse {
+        template.instances.fetch_add(1, Ordering::Relaxed);
+        TemplateUse {
+            template: template.clone(),
+            pid,
+        }
+    }
+
+    /// How the fork ended, as its template (which reaps it) saw it.
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        let control = self.template.control.lock().unwrap();
+        let ask = format!("exit {}", self.pid);
+        skiff_sandbox::send_with_fds(control.as_raw_fd(), ask.as_bytes(), &[]).ok()?;
+        let mut buf = [0u8; 256];
+        let (n, _) = skiff_sandbox::recv_with_fds(control.as_raw_fd(), &mut buf).ok()?;
+        let answer: serde_json::Value = serde_json::from_slice(&buf[..n]).ok()?;
+        let number = |key: &str| answer[key].as_i64().map(|n| n as i32);
+        number("code")
+            .map(ExitStatus::Exited)
+            .or_else(|| number("signal").map(ExitStatus::Signaled))
+    }
+}
+
+impl Clone for TemplateUse {
+    fn clone(&self) -> TemplateUse {
+        TemplateUse::new(&self.template, self.pid)
+    }
+}
 
 impl Drop for TemplateUse {
     fn drop(&mut self) {
-        self.0.instances.fetch_sub(1, Ordering::Relaxed);
+        self.template.instances.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -82,9 +115,9 @@ impl FunctionTemplate {
         let (n, mut fds) = skiff_sandbox::recv_with_fds(control.as_raw_fd(), &mut buf)
             .context("the function's template did not answer")?;
         drop(control);
-        let pidfd = match (n, fds.pop()) {
-            (1.., Some(fd)) => fd,
-            _ => bail!("the function's template could not fork"),
+        let answer: serde_json::Value = serde_json::from_slice(&buf[..n]).unwrap_or_default();
+        let (Some(pid), Some(pidfd)) = (answer["pid"].as_i64(), fds.pop()) else {
+            bail!("the function's template could not fork: {}", answer["error"]);
         };
         let child = Child {
             pid: pidfd_pid(&pidfd)?,
@@ -99,8 +132,7 @@ impl FunctionTemplate {
             let _ = child.kill(libc::SIGKILL);
             return Err(e);
         }
-        self.instances.fetch_add(1, Ordering::Relaxed);
-        Ok((child, TemplateUse(self.clone())))
+        Ok((child, TemplateUse::new(self, pid)))
     }
 
     fn key(&self) -> Key {

@@ -404,12 +404,17 @@ pub async fn start_function_template(
     let limit = Duration::from_millis(f.timeout_ms).max(Duration::from_secs(30));
     let first = tokio::time::timeout(limit, protocol::read(&mut chan, MAX_OUTPUT)).await;
     if !matches!(first, Ok(Ok(Some((Message::Ready, _))))) {
-        let how = reap_and_release(engine, &spawned.child, &spawned.slot, spawned.netns_slot).await;
+        let how = reap_and_release(engine, &spawned.child, None, &spawned.slot, spawned.netns_slot)
+            .await;
         let output = drain(&spawned.log);
         bail!("the template did not start: {how}\n{}", output.trim_end());
     }
     let control = chan.into_std().context("channel")?;
     control.set_nonblocking(false).context("channel")?;
+    // A template answers at once; one that does not is broken, not busy.
+    control
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .context("channel")?;
     tokio::spawn(read_logs(engine.clone(), f.name.clone(), spawned.log));
     Ok(FunctionTemplate::new(
         id,
@@ -481,7 +486,14 @@ impl Instance {
         };
         if let Some((message, with_status)) = failure {
             let how =
-                reap_and_release(engine, &spawned.child, &spawned.slot, spawned.netns_slot).await;
+            reap_and_release(
+                engine,
+                &spawned.child,
+                spawned.template.as_ref(),
+                &spawned.slot,
+                spawned.netns_slot,
+            )
+            .await;
             // Keep the instance's own output: an interpreter that failed before the
             // bootstrap ran (a missing library, a bad flag) says why there.
             let output = drain(&spawned.log);
@@ -529,7 +541,9 @@ impl Instance {
             let why = me.serve_replies(&engine2, &mut reader).await;
             me.dead.store(true, Ordering::SeqCst);
             let _ = me.child.kill(libc::SIGKILL);
-            let exit = reap_and_release(&engine2, &me.child, &me.slot, me.netns_slot).await;
+            let origin = me._template.as_ref();
+            let exit =
+                reap_and_release(&engine2, &me.child, origin, &me.slot, me.netns_slot).await;
             let why = why.unwrap_or(exit);
             for (_, p) in me.pending.lock().unwrap().drain() {
                 let _ = p.reply.send((Reply::Crashed(why.clone()), p.logs));
@@ -770,11 +784,20 @@ impl Instance {
 async fn reap_and_release(
     engine: &Arc<Engine>,
     child: &Child,
+    origin: Option<&TemplateUse>,
     slot: &Slot,
     netns: Option<usize>,
 ) -> String {
     let _ = child.kill(libc::SIGKILL);
-    let status = wait_exit(child).await;
+    let mut status = wait_exit(child).await;
+    if let (None, Some(origin)) = (status, origin) {
+        // A fork's status is its template's to reap.
+        let origin = origin.clone();
+        status = tokio::task::spawn_blocking(move || origin.exit_status())
+            .await
+            .ok()
+            .flatten();
+    }
     let oom = engine.cgroups.oom_killed(slot);
     release_slots(engine, slot.index, netns).await;
     if oom {

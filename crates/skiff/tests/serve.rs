@@ -1517,6 +1517,8 @@ fn a_function_with_packages_forks_from_a_template_of_its_own() {
     let id = r.header("x-skiff-invocation-id").unwrap().to_owned();
     let record = daemon.get(&format!("/v1/invocations/{id}")).json();
     assert_eq!(record["logs"], json!(["last words"]), "{record:#}");
+    // Its status comes from its template, which reaps it.
+    assert!(r.text().contains("killed by signal 9"), "{}", r.text());
     assert_eq!(templates().len(), 1);
     assert_eq!(daemon.get("/fn/py-packages").status, 200);
     // Removed with its function.

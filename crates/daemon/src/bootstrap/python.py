@@ -290,17 +290,47 @@ def function_template(spec, concurrency):
     sys.path.append("/usr/lib/python3/dist-packages")
     preload(spec)
     sys.path[:] = path
-    # Its forks are reaped by the kernel; it is their namespace's init.
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    # It is its forks' parent and their namespace's init: it reaps them (and what they
+    # leave behind) and keeps the latest statuses for the daemon to ask about.
+    exits = {}
+
+    def reap(*_):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            exits[pid] = status
+            if len(exits) > 1024:
+                exits.pop(next(iter(exits)))
+
+    signal.signal(signal.SIGCHLD, reap)
     control = socket.socket(fileno=chan)
     send({"t": "ready"})
     gc.collect()
     gc.freeze()
     while True:
         msg, fds, _, _ = socket.recv_fds(control, 64, 2)
-        if not msg or len(fds) != 2:
+        if not msg:
             os._exit(0)
-        pid = os.fork()
+        if msg.startswith(b"exit "):
+            reap()
+            status = exits.pop(int(msg[5:]), None)
+            answer = {}
+            if status is not None:
+                code = os.waitstatus_to_exitcode(status)
+                answer = {"code": code} if code >= 0 else {"signal": -code}
+            control.send(json_dumps(answer).encode())
+            continue
+        try:
+            pid = os.fork()
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            control.send(json_dumps({"error": str(e)}).encode())
+            continue
         if pid == 0:
             control.detach()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
