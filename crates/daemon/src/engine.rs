@@ -615,7 +615,7 @@ impl Engine {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         self.templates.clear();
-        self.fn_templates.clear();
+        self.fn_templates.clear().await;
     }
 
     /// Queue depth and instances, per function, for `/metrics`.

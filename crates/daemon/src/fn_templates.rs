@@ -117,7 +117,10 @@ impl FunctionTemplate {
         drop(control);
         let answer: serde_json::Value = serde_json::from_slice(&buf[..n]).unwrap_or_default();
         let (Some(pid), Some(pidfd)) = (answer["pid"].as_i64(), fds.pop()) else {
-            bail!("the function's template could not fork: {}", answer["error"]);
+            bail!(
+                "the function's template could not fork: {}",
+                answer["error"]
+            );
         };
         let child = Child {
             pid: pidfd_pid(&pidfd)?,
@@ -187,6 +190,8 @@ pub struct FunctionTemplates {
     /// Environments whose template failed to start: their functions start as before.
     failed: Mutex<HashMap<String, String>>,
     starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The tasks that free a template's slots when it ends.
+    watchers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Bytes idle templates may hold together.
     pub budget: u64,
 }
@@ -260,7 +265,9 @@ impl FunctionTemplates {
     /// Frees its slots when the template ends, and forgets it.
     fn watch(&self, engine: &Arc<Engine>, t: &Arc<FunctionTemplate>) {
         let (engine, t) = (engine.clone(), t.clone());
-        tokio::spawn(async move {
+        let mut watchers = self.watchers.lock().unwrap();
+        watchers.retain(|w| !w.is_finished());
+        watchers.push(tokio::spawn(async move {
             crate::instance::wait_exit(&t.child).await;
             {
                 let mut running = engine.fn_templates.running.lock().unwrap();
@@ -269,7 +276,7 @@ impl FunctionTemplates {
                 }
             }
             crate::instance::release_slots(&engine, t.slot.index, t.netns_slot).await;
-        });
+        }));
     }
 
     /// Stops idle templates, least recently used first, while all together hold more
@@ -344,10 +351,14 @@ impl FunctionTemplates {
         out
     }
 
-    /// Stops every template (daemon shutdown).
-    pub fn clear(&self) {
+    /// Stops every template and waits until their slots are free (daemon shutdown).
+    pub async fn clear(&self) {
         for t in self.running.lock().unwrap().drain().map(|(_, t)| t) {
             t.stop();
+        }
+        let watchers = std::mem::take(&mut *self.watchers.lock().unwrap());
+        for w in watchers {
+            let _ = tokio::time::timeout(Duration::from_secs(5), w).await;
         }
     }
 }

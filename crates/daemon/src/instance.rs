@@ -404,8 +404,14 @@ pub async fn start_function_template(
     let limit = Duration::from_millis(f.timeout_ms).max(Duration::from_secs(30));
     let first = tokio::time::timeout(limit, protocol::read(&mut chan, MAX_OUTPUT)).await;
     if !matches!(first, Ok(Ok(Some((Message::Ready, _))))) {
-        let how = reap_and_release(engine, &spawned.child, None, &spawned.slot, spawned.netns_slot)
-            .await;
+        let how = reap_and_release(
+            engine,
+            &spawned.child,
+            None,
+            &spawned.slot,
+            spawned.netns_slot,
+        )
+        .await;
         let output = drain(&spawned.log);
         bail!("the template did not start: {how}\n{}", output.trim_end());
     }
@@ -485,8 +491,7 @@ impl Instance {
             )),
         };
         if let Some((message, with_status)) = failure {
-            let how =
-            reap_and_release(
+            let how = reap_and_release(
                 engine,
                 &spawned.child,
                 spawned.template.as_ref(),
@@ -542,8 +547,7 @@ impl Instance {
             me.dead.store(true, Ordering::SeqCst);
             let _ = me.child.kill(libc::SIGKILL);
             let origin = me._template.as_ref();
-            let exit =
-                reap_and_release(&engine2, &me.child, origin, &me.slot, me.netns_slot).await;
+            let exit = reap_and_release(&engine2, &me.child, origin, &me.slot, me.netns_slot).await;
             let why = why.unwrap_or(exit);
             for (_, p) in me.pending.lock().unwrap().drain() {
                 let _ = p.reply.send((Reply::Crashed(why.clone()), p.logs));
