@@ -79,6 +79,11 @@ enum Command {
         /// from one thread to another costs more than the proxying it would spread.
         #[arg(long, env = "SKIFF_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
         threads: Option<u16>,
+        /// Memory that idle function templates may hold together (python3 functions
+        /// with packages get a template that has imported them); past it the least
+        /// recently used idle ones stop.
+        #[arg(long, env = "SKIFF_TEMPLATE_MEMORY", default_value = "1G", value_parser = units::parse_size)]
+        template_memory: u64,
     },
     /// Deploy a function directory (with skiff.yaml) to the daemon.
     Deploy {
@@ -226,14 +231,16 @@ fn main() -> ExitCode {
             keep_records,
             cold_start,
             threads,
-        } => serve(
-            &data,
-            &cli.socket,
+            template_memory,
+        } => serve(skiff_daemon::Config {
+            data: data.clone(),
+            socket: cli.socket.clone(),
             listen,
             keep_records,
-            cold_start == "template",
-            threads.map_or_else(default_threads, usize::from),
-        )
+            templates: cold_start == "template",
+            threads: threads.map_or_else(default_threads, usize::from),
+            template_memory,
+        })
         .map(|()| 0),
         Command::Deploy { dir } => remote::deploy(&target, &dir).map(|()| 0),
         Command::Invoke {
@@ -313,26 +320,9 @@ fn main() -> ExitCode {
 }
 
 /// Forks the spawner while this process is still single-threaded, then starts the daemon.
-fn serve(
-    data: &std::path::Path,
-    socket: &std::path::Path,
-    listen: std::net::SocketAddr,
-    keep_records: std::time::Duration,
-    templates: bool,
-    threads: usize,
-) -> anyhow::Result<()> {
+fn serve(config: skiff_daemon::Config) -> anyhow::Result<()> {
     let spawner = skiff_sandbox::RemoteSpawner::start()?;
-    skiff_daemon::serve(
-        skiff_daemon::Config {
-            data: data.to_owned(),
-            socket: socket.to_owned(),
-            listen,
-            keep_records,
-            templates,
-            threads,
-        },
-        spawner,
-    )
+    skiff_daemon::serve(config, spawner)
 }
 
 /// `skiff serve`'s threads when not given: a quarter of the CPUs, at least one.

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use common::daemon::{
-    assert_nothing_left, deploy, exchange, fixture, http, request_bytes, wait_for, Daemon,
-    Response, IO_TIMEOUT,
+    assert_nothing_left, deploy, deploy_dir, exchange, fixture, http, request_bytes, wait_for,
+    Daemon, Response, IO_TIMEOUT,
 };
 use common::{pid_alive, stderr, stdout, wait_gone, Data};
 
@@ -61,7 +61,7 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("{method} {path} over the Unix socket: {e}"))
     }
 
-    /// `GET /v1/instances`, only those of `function`.
+    /// `GET /v1/instances`, only those of `function` (not its template).
     fn instances_of(&self, function: &str) -> Vec<Value> {
         let r = self.get("/v1/instances");
         assert_eq!(r.status, 200, "{}", r.text());
@@ -69,7 +69,7 @@ impl Daemon {
         all.as_array()
             .unwrap_or_else(|| panic!("/v1/instances is not a list: {all}"))
             .iter()
-            .filter(|i| i["function"] == function)
+            .filter(|i| i["function"] == function && i["role"] != "template")
             .cloned()
             .collect()
     }
@@ -1582,6 +1582,140 @@ fn gc_leaves_a_running_daemons_instances_alone() {
     let out = data.skiff(&["gc", "--pools"]);
     assert_eq!(out.status.code(), Some(125), "{}", stdout(&out));
     assert!(stderr(&out).contains("skiff serve"), "{}", stderr(&out));
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+/// A python3 function with packages gets a template of its own that has imported them:
+/// its instances are forks of it, each in its own cgroup slot, as sandboxed as any
+/// instance, drawing their own random numbers; the template is listed, and it goes with
+/// its function.
+#[test]
+fn a_function_with_packages_forks_from_a_template_of_its_own() {
+    let data = Data::new("serve-fn-template", 8);
+    let daemon = Daemon::start(&data);
+    deploy(&daemon, &data, "py-packages");
+    let templates = || -> Vec<Value> {
+        let all = daemon.get("/v1/instances").json();
+        all.as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["role"] == "template")
+            .cloned()
+            .collect()
+    };
+    let listed = templates();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["function"], "py-packages");
+    let ps = stdout(&daemon.cli(&data, &["ps"]));
+    assert!(ps.contains("template of function py-packages"), "{ps}");
+    // Two calls at once: two instances, forked.
+    let (a, b) = std::thread::scope(|s| {
+        let call = || s.spawn(|| daemon.get("/fn/py-packages?sleep"));
+        let (a, b) = (call(), call());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let (a, b) = (a.json(), b.json());
+    for v in [&a, &b] {
+        assert_eq!(v["preloaded"], true, "{v:#}");
+        assert_eq!(v["uid"], 65534, "{v:#}");
+        assert_eq!(v["cap_eff"], "0000000000000000", "{v:#}");
+        assert_eq!(v["seccomp"], "2", "{v:#}");
+        assert_eq!(v["no_new_privs"], "1", "{v:#}");
+        assert!(v["six"]
+            .as_str()
+            .unwrap()
+            .starts_with("/usr/lib/python3/dist-packages/"));
+        // Their channel and nothing else of the template's (the listing's own is 3).
+        assert_eq!(v["fds"].as_array().unwrap().len(), 5, "{v:#}");
+        // Moved out of the template's cgroup (its namespace's root) into their own.
+        assert_ne!(v["cgroup"], "/", "{v:#}");
+    }
+    assert_ne!(a["pid"], b["pid"]);
+    assert_ne!(a["cgroup"], b["cgroup"]);
+    assert_ne!(a["random"], b["random"]);
+    assert_ne!(a["urandom"], b["urandom"]);
+    let metrics = daemon.get("/metrics").text();
+    assert!(
+        metrics.contains("skiff_function_template_memory_bytes{function=\"py-packages\"}"),
+        "{metrics}"
+    );
+    // A crash of a fork: a 502, its last words kept; the template stays.
+    let r = daemon.get("/fn/py-packages?crash");
+    assert_eq!(r.status, 502, "{}", r.text());
+    let id = r.header("x-skiff-invocation-id").unwrap().to_owned();
+    let record = daemon.get(&format!("/v1/invocations/{id}")).json();
+    assert_eq!(record["logs"], json!(["last words"]), "{record:#}");
+    // Its status comes from its template, which reaps it.
+    assert!(r.text().contains("killed by signal 9"), "{}", r.text());
+    assert_eq!(templates().len(), 1);
+    assert_eq!(daemon.get("/fn/py-packages").status, 200);
+    // Removed with its function.
+    assert_eq!(
+        daemon
+            .request("DELETE", "/v1/functions/py-packages", &[], b"")
+            .status,
+        204
+    );
+    wait_for("the template to end", Duration::from_secs(5), || {
+        templates().is_empty().then_some(())
+    });
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+/// Idle function templates past `--template-memory` stop, least recently used first;
+/// one whose instances live stays.
+#[test]
+fn idle_function_templates_past_their_budget_stop() {
+    let data = Data::new("serve-fn-template-budget", 8);
+    let daemon = Daemon::start_with(&data, &["--template-memory", "1"]);
+    deploy(&daemon, &data, "py-packages");
+    // The same function under a second name.
+    let second = data.dir.join("py-packages-2");
+    std::fs::create_dir_all(&second).unwrap();
+    let fixture = fixture("py-packages");
+    std::fs::copy(fixture.join("main.py"), second.join("main.py")).unwrap();
+    let manifest = std::fs::read_to_string(fixture.join("skiff.yaml")).unwrap();
+    std::fs::write(
+        second.join("skiff.yaml"),
+        manifest.replace("name: py-packages", "name: py-packages-2"),
+    )
+    .unwrap();
+    let templates = || -> Vec<String> {
+        let all = daemon.get("/v1/instances").json();
+        let mut names: Vec<String> = all
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["role"] == "template")
+            .map(|i| i["function"].as_str().unwrap().to_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    // The first one's instance lives: its template stays.
+    deploy_dir(&daemon, &data, &second);
+    assert_eq!(templates(), ["py-packages", "py-packages-2"]);
+    // Idle now: the next template start stops it.
+    let stop = daemon.request("DELETE", "/v1/functions/py-packages/instances", &[], b"");
+    assert!(stop.status < 300, "{}", stop.text());
+    wait_for(
+        "py-packages to have no instance",
+        Duration::from_secs(5),
+        || daemon.instances_of("py-packages").is_empty().then_some(()),
+    );
+    let stop = daemon.request("DELETE", "/v1/functions/py-packages-2/instances", &[], b"");
+    assert!(stop.status < 300, "{}", stop.text());
+    // Redeployed: py-packages-2 gets a new template, which evicts py-packages's.
+    std::fs::write(second.join("extra.txt"), "a new version").unwrap();
+    deploy_dir(&daemon, &data, &second);
+    wait_for("the idle template to stop", Duration::from_secs(5), || {
+        (templates() == ["py-packages-2"]).then_some(())
+    });
+    // An evicted template comes back on the next cold start.
+    assert_eq!(daemon.get("/fn/py-packages").status, 200);
+    assert!(templates().contains(&"py-packages".to_owned()));
     daemon.stop();
     assert_nothing_left(&data);
 }

@@ -246,7 +246,11 @@ impl Data {
         processes()
             .into_iter()
             .filter(|p| {
-                p.cmdline
+                // Templates run chrooted in a runtime layer below the data directory.
+                let root = std::fs::read_link(format!("/proc/{}/root", p.pid))
+                    .is_ok_and(|root| root.starts_with(&self.dir));
+                root || p
+                    .cmdline
                     .split('\0')
                     .any(|arg| arg == dir || arg.starts_with(&format!("{dir}/")))
             })
