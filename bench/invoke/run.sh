@@ -4,6 +4,9 @@
 #          node through their templates (zygotes) and plainly, binary; peers: the bare
 #          interpreter processes, and runc starting python in a container on the same root;
 #          and the page faults of a template start (start_faults.py)
+#   heavy: the same for a function that imports numpy and pandas (its own template vs plain
+#          vs python importing them bare vs runc), and the memory of its idle template beside
+#          a plain instance's
 #   warm:  a trivial python function under oha at 1..256 connections, over TCP and the
 #          Unix socket; peer: the same handler behind a bare asyncio HTTP server
 #   study: the Docker concurrency study on our API: 200 sequential requests, then 1..1000
