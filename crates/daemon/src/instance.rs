@@ -375,6 +375,8 @@ fn fork_from_function_template(
         });
     forked.map_err(|e| {
         let _ = engine.cgroups.release(index);
+        // A template that cannot fork is broken: the next start makes a new one.
+        engine.fn_templates.forget_version(&f.name, &f.env);
         e.context(format!("cannot fork an instance of {} ({id})", f.name))
     })
 }
