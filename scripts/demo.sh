@@ -25,7 +25,7 @@ $skiff deploy examples/counter-wasm
 $skiff ls
 $skiff invoke hello-python -d '{"name": "skiff"}'
 echo
-$skiff invoke hello-node -d '{"name": "skiff"}'
+$skiff invoke hello-node --data '{"name": "skiff"}'   # as curl: -d, --data, @FILE
 echo
 $skiff invoke echo-binary -d 'hello from a skiff sandbox'
 echo

@@ -19,7 +19,7 @@ skiff_bin=$repo/target/x86_64-unknown-linux-musl/release/skiff
 out=$repo/bench/out/envs
 rm -rf "$out"; mkdir -p "$out"
 data=$out/data
-skiff="$skiff_bin --data $data"
+skiff="$skiff_bin --data-dir $data"
 cleanup() {
   for id in $($skiff ps --json 2>/dev/null | sed -n 's/.*"id": "\(.*\)".*/\1/p'); do $skiff kill "$id" >/dev/null 2>&1 || true; done
   $skiff gc --pools >/dev/null 2>&1 || true

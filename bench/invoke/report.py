@@ -46,6 +46,25 @@ if cold:
             f"{statistics.mean(c['ms']):.2f} | {init} | {ratio} |")
     say()
 
+heavy = load("heavy.jsonl")
+if heavy:
+    runc = next((statistics.median(c["ms"]) for c in heavy if c["label"].endswith("in runc")), None)
+    heading("### Cold start of a function importing numpy and pandas (ms; as above; peers spawn to exit)",
+            ["path", "n", "p50", "p99", "mean", "instance start p50 (daemon's init_ms)", "runc p50 / this p50"])
+    for c in heavy:
+        init = f"{statistics.median(c['init_ms']):.2f}" if c.get("init_ms") else "-"
+        ratio = f"{runc / statistics.median(c['ms']):.1f}x" if runc else "-"
+        say(f"| {c['label']} | {len(c['ms'])} | {pct(c['ms'], 50):.2f} | {pct(c['ms'], 99):.2f} | "
+            f"{statistics.mean(c['ms']):.2f} | {init} | {ratio} |")
+    say()
+
+memory = load("memory.jsonl")
+if memory:
+    heading("### Memory of the numpy + pandas function (KiB)", ["process", "PSS", "RSS", "charged to its cgroup"])
+    for m in memory:
+        say(f"| {m['label']} | {m['pss_kb']} | {m['rss_kb']} | {m['cgroup_kb']} |")
+    say()
+
 faults = load("faults.jsonl")
 if faults:
     heading("### Page faults of a template start (minor faults of the spare that becomes the instance)",

@@ -4,6 +4,9 @@
 #          node through their templates (zygotes) and plainly, binary; peers: the bare
 #          interpreter processes, and runc starting python in a container on the same root;
 #          and the page faults of a template start (start_faults.py)
+#   heavy: the same for a function that imports numpy and pandas (its own template vs plain
+#          vs python importing them bare vs runc), and the memory of its idle template beside
+#          a plain instance's
 #   warm:  a trivial python function under oha at 1..256 connections, over TCP and the
 #          Unix socket; peer: the same handler behind a bare asyncio HTTP server
 #   study: the Docker concurrency study on our API: 200 sequential requests, then 1..1000
@@ -18,8 +21,8 @@ cd "$(dirname "$0")/../.."
 repo=$(pwd)
 quick=0
 case "${1:-}" in --quick) quick=1 ;; "") ;; *) echo "usage: $0 [--quick]" >&2; exit 2 ;; esac
-if [ $quick = 1 ]; then N_COLD=30; SECS=2; CONC="1 16 256"; STUDY="1 10 100 1000"
-else N_COLD=200; SECS=5; CONC="1 4 16 64 256"; STUDY="1 10 50 100 200 500 1000"; fi
+if [ $quick = 1 ]; then N_HEAVY=5; N_COLD=30; SECS=2; CONC="1 16 256"; STUDY="1 10 100 1000"
+else N_HEAVY=20; N_COLD=200; SECS=5; CONC="1 4 16 64 256"; STUDY="1 10 50 100 200 500 1000"; fi
 [ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 1; }
 log() { echo "# $*" >&2; }
 ulimit -n "$(ulimit -Hn)"   # 1000 clients: a descriptor each, on both ends
@@ -61,13 +64,14 @@ cleanup() {
   stop_daemon
   [ -z "$bare" ] || { kill "$bare" 2>/dev/null || true; wait "$bare" 2>/dev/null || true; }
   "$RUNC" delete -f skiff-bench-cold >/dev/null 2>&1 || true
-  "$skiff" --data "$data" gc --pools >/dev/null 2>&1 || true
+  "$RUNC" delete -f skiff-bench-heavy >/dev/null 2>&1 || true
+  "$skiff" --data-dir "$data" gc --pools >/dev/null 2>&1 || true
   umount "$data/run" "$data/pool/dev" 2>/dev/null || true
   rm -rf "$data"
 }
 trap cleanup EXIT
 start_daemon() {   # $1: template|plain
-  "$skiff" --data "$data" --socket "$sock" serve --listen 127.0.0.1:$port --cold-start "$1" \
+  "$skiff" --data-dir "$data" --socket "$sock" serve --listen 127.0.0.1:$port --cold-start "$1" \
     2>>"$out/daemon.log" &
   daemon=$!
   for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && return; sleep 0.05; done
@@ -77,14 +81,20 @@ deploy() { "$skiff" --socket "$sock" deploy "$1" >/dev/null; }
 
 log "cold starts ($N_COLD each)"
 start_daemon template
-for f in bench/invoke/functions/noop-python bench/invoke/functions/noop-node examples/echo-binary; do
+for f in bench/invoke/functions/noop-python bench/invoke/functions/noop-node examples/echo-binary \
+         bench/invoke/functions/numpy-pandas; do
   deploy "$f"
 done
 $PY bench/invoke/cold.py $port noop-python "python3 template" "$N_COLD" >>"$out/cold.jsonl"
 $PY bench/invoke/cold.py $port noop-node "node template" "$N_COLD" >>"$out/cold.jsonl"
 $PY bench/invoke/start_faults.py $port "$daemon" noop-python python3.11 "python3 template" 8 >>"$out/faults.jsonl"
 $PY bench/invoke/start_faults.py $port "$daemon" noop-node node "node template" 8 >>"$out/faults.jsonl"
+$PY bench/invoke/cold.py $port numpy-pandas "numpy+pandas: its own template" "$N_HEAVY" >>"$out/heavy.jsonl"
+$PY bench/invoke/memory.py $port numpy-pandas "its template, idle" template >>"$out/memory.jsonl"
+$PY bench/invoke/memory.py $port numpy-pandas "an instance forked from it" instance >>"$out/memory.jsonl"
 stop_daemon; start_daemon plain
+$PY bench/invoke/cold.py $port numpy-pandas "numpy+pandas: plain" "$N_HEAVY" >>"$out/heavy.jsonl"
+$PY bench/invoke/memory.py $port numpy-pandas "a plain instance" instance >>"$out/memory.jsonl"
 $PY bench/invoke/cold.py $port noop-python "python3 plain" "$N_COLD" >>"$out/cold.jsonl"
 $PY bench/invoke/cold.py $port noop-node "node plain" "$N_COLD" >>"$out/cold.jsonl"
 $PY bench/invoke/cold.py $port echo-binary "binary" "$N_COLD" >>"$out/cold.jsonl"
@@ -108,6 +118,21 @@ c["linux"]["cgroupsPath"] = "skiff-bench-runc/cold"
 json.dump(c, open(path, "w"), indent=1)
 PY
 $PY bench/invoke/peer_cold.py "$N_COLD" "$env_root" "$bundle" "$RUNC" "$(env_of noop-node)" >>"$out/cold.jsonl"
+# The same container importing numpy and pandas on numpy-pandas's root.
+heavy_root=$(env_of numpy-pandas)
+heavy_bundle=$data/heavy-bundle
+mkdir -p "$heavy_bundle"
+$PY - "$bundle/config.json" "$heavy_bundle/config.json" "$heavy_root" <<'PY'
+import json, sys
+src, dst, root = sys.argv[1:4]
+c = json.load(open(src))
+c["root"]["path"] = root
+c["process"]["args"] = ["/usr/bin/python3.11", "-I", "-S", "-c",
+                        "import sys; sys.path.append('/usr/lib/python3/dist-packages'); import numpy, pandas"]
+c["linux"]["cgroupsPath"] = "skiff-bench-runc/heavy"
+json.dump(c, open(dst, "w"), indent=1)
+PY
+$PY bench/invoke/peer_heavy.py "$N_HEAVY" "$heavy_root" "$heavy_bundle" "$RUNC" >>"$out/heavy.jsonl"
 stop_daemon
 
 log "warm invocations (oha, ${SECS}s per point)"

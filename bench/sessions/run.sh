@@ -48,7 +48,7 @@ daemon=""; redis=""
 cleanup() {
   [ -z "$daemon" ] || { kill -TERM "$daemon" 2>/dev/null || true; wait "$daemon" 2>/dev/null || true; }
   [ -z "$redis" ] || { kill -TERM "$redis" 2>/dev/null || true; wait "$redis" 2>/dev/null || true; }
-  "$skiff" --data "$data" gc --pools >/dev/null 2>&1 || true
+  "$skiff" --data-dir "$data" gc --pools >/dev/null 2>&1 || true
   umount "$data/run" "$data/pool/dev" 2>/dev/null || true
   rm -rf "$data"
 }
@@ -58,7 +58,7 @@ trap cleanup EXIT
 redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
   --logfile "$out/redis.log" &
 redis=$!
-"$skiff" --data "$data" --socket "$sock" serve --listen 127.0.0.1:$port 2>>"$out/daemon.log" &
+"$skiff" --data-dir "$data" --socket "$sock" serve --listen 127.0.0.1:$port 2>>"$out/daemon.log" &
 daemon=$!
 for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.05; done
 curl -sf "http://127.0.0.1:$port/healthz" >/dev/null || { echo "skiff serve did not come up; see $out/daemon.log" >&2; exit 1; }

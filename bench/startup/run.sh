@@ -74,7 +74,7 @@ mkdir -p "$out"
 rootfs=$out/rootfs
 bundles=$out/bundles
 data=$out/data
-skiff=("$skiff_bin" --data "$data")
+skiff=("$skiff_bin" --data-dir "$data")
 rm -rf "$rootfs" "$bundles"
 mkdir -p "$rootfs"/{bin,proc,dev,tmp,sys,etc} "$bundles"
 gcc -O2 -Wall -o "$out/driver" bench/startup/driver.c
@@ -197,7 +197,7 @@ measure() {
 }
 
 # ---- 1. sequential ------------------------------------------------------------------------
-skiff_cmd=("$skiff_bin" --data "$data" run --rootfs "$rootfs" -- /stamp)
+skiff_cmd=("$skiff_bin" --data-dir "$data" run --rootfs "$rootfs" -- /stamp)
 per=$(( SEQ / CHUNKS ))
 log "sequential: $SEQ starts each, alternating in $CHUNKS chunks of $per"
 "$driver" seq 20 -- "${skiff_cmd[@]}" >/dev/null                       # warm-up

@@ -4,7 +4,7 @@
 # `# ...` comments, and a final `SKIFF-VM-RESULT: PASS|FAIL` line. Every skiff call has a
 # time limit, so a hang fails a check instead of the whole VM run.
 D=/tmp/d
-S="timeout 60 /bin/skiff --data $D"
+S="timeout 60 /bin/skiff --data-dir $D"
 R=/rootfs
 failed=0
 ok() { echo "ok - $*"; }

@@ -11,7 +11,7 @@ mod packages;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 use skiff_manifest::{Manifest, Runtime};
 use skiff_store::{add_tree, closure::elf_closure, Entry, Store};
@@ -59,6 +59,7 @@ pub struct Built {
 
 pub fn build(store: &Store, dir: &Path, progress: &mut dyn FnMut(Progress)) -> Result<Built> {
     let manifest = Manifest::load(dir)?;
+    manifest.check_code(dir)?;
     let mut entries: Vec<Entry> = SKELETON.map(dir_entry).to_vec();
 
     let mut runtime_reused = true;
@@ -100,14 +101,12 @@ pub fn build(store: &Store, dir: &Path, progress: &mut dyn FnMut(Progress)) -> R
     if manifest.runtime == Runtime::Binary {
         // A native handler brings its own shared-library closure.
         let handler = code.join(manifest.handler.trim_start_matches("./"));
-        if !handler.is_file() {
-            bail!(
-                "handler {} is not a file in {}",
-                manifest.handler,
-                code.display()
-            );
-        }
-        entries.extend(host_files(store, &elf_closure(&[handler])?)?);
+        let closure = elf_closure(&[handler]).map_err(|e| {
+            // The handler as the sandbox sees it, not the (daemon's scratch) host copy.
+            let host = format!("{}/", code.display());
+            anyhow::anyhow!("{}", format!("{e:#}").replace(&host, "/code/"))
+        })?;
+        entries.extend(host_files(store, &closure)?);
     }
     entries.extend(code_entries);
 
@@ -125,13 +124,7 @@ pub fn build(store: &Store, dir: &Path, progress: &mut dyn FnMut(Progress)) -> R
 /// file (shared in the page cache) instead of compiling the module itself.
 fn compiled_module(store: &Store, code: &Path, manifest: &Manifest) -> Result<Entry> {
     let path = code.join(&manifest.handler);
-    let wasm = std::fs::read(&path).with_context(|| {
-        format!(
-            "handler {} is not a file in {}",
-            manifest.handler,
-            code.display()
-        )
-    })?;
+    let wasm = std::fs::read(&path).with_context(|| format!("cannot read {}", manifest.handler))?;
     let hook = match manifest.session.as_ref().map(|s| &s.key) {
         Some(skiff_manifest::SessionKey::Wasm(export)) => Some(export.as_str()),
         _ => None,

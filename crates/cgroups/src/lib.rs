@@ -55,6 +55,32 @@ pub struct Entry {
     pub join: Vec<OwnedFd>,
 }
 
+impl Entry {
+    /// Moves the running, single-threaded process `pid` (one this process did not spawn
+    /// into the cgroup itself: a fork of a function's template) into the cgroup.
+    pub fn admit(&self, pid: i32) -> Result<()> {
+        use anyhow::Context;
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let pid = pid.to_string();
+        if let Some(dir) = &self.clone_into {
+            // The v2 directory: its cgroup.procs, through the directory we hold open.
+            let path = format!("/proc/self/fd/{}/cgroup.procs", dir.as_raw_fd());
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|mut f| f.write_all(pid.as_bytes()))
+                .context("cannot move the process into its cgroup (v2)")?;
+        }
+        for tasks in &self.join {
+            std::fs::File::from(tasks.try_clone()?)
+                .write_all(pid.as_bytes())
+                .context("cannot move the process into its cgroup (v1)")?;
+        }
+        Ok(())
+    }
+}
+
 /// One cgroup layout. Slots are named directories below the pool's root.
 pub trait Backend: Send + Sync {
     /// Directories this backend manages for `slot` (one per hierarchy).

@@ -43,6 +43,8 @@ pub struct Engine {
     session_gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub hints: crate::sessions::Sessions,
     pub templates: crate::templates::Templates,
+    /// Templates of python3 functions with packages, one per function.
+    pub fn_templates: crate::fn_templates::FunctionTemplates,
     /// Cold starts of python3 fork from a template (else: the interpreter starts).
     pub use_templates: bool,
 }
@@ -168,6 +170,7 @@ impl Engine {
         spawner: RemoteSpawner,
         keep_records: Duration,
         use_templates: bool,
+        template_memory: u64,
     ) -> Result<(Engine, Vec<(Record, crate::invocations::StoredRequest)>)> {
         let (invocations, unfinished) = Invocations::open(&data, keep_records)?;
         let dev_template = skiff_sandbox::devices::ensure(&data)?;
@@ -183,6 +186,7 @@ impl Engine {
             session_gates: Mutex::new(HashMap::new()),
             hints: crate::sessions::Sessions::open(&data)?,
             templates: crate::templates::Templates::new(dev_template.clone()),
+            fn_templates: crate::fn_templates::FunctionTemplates::new(template_memory),
             dev_template,
             use_templates,
             data,
@@ -241,6 +245,8 @@ impl Engine {
     /// Makes `fp` the function's current version; the one it replaces retires.
     pub fn install(self: &Arc<Self>, fp: Arc<FnPool>) {
         self.close_sessions_of(&fp.function.name);
+        self.fn_templates
+            .forget_unless(&fp.function.name, &fp.function.env);
         let old = self
             .functions
             .lock()
@@ -253,6 +259,7 @@ impl Engine {
 
     pub fn uninstall(self: &Arc<Self>, name: &str) {
         self.close_sessions_of(name);
+        self.fn_templates.forget(name);
         if let Some(old) = self.functions.lock().unwrap().remove(name) {
             old.retire();
         }
@@ -290,6 +297,22 @@ impl Engine {
                     ),
                 });
             }
+        }
+        for t in self.fn_templates.all() {
+            all.push(InstanceInfo {
+                id: t.id.clone(),
+                function: t.function.clone(),
+                pid: t.child.pid,
+                cgroup_slot: t.slot.index,
+                inflight: 0,
+                served: 0,
+                idle_ms: t.idle().as_millis() as u64,
+                init_ms: t.init.as_secs_f64() * 1e3,
+                memory_bytes: t.memory_bytes(self),
+                started: humantime::format_rfc3339_millis(t.started).to_string(),
+                session: None,
+                role: Some("template"),
+            });
         }
         all.sort_by(|a, b| (&a.function, &a.id).cmp(&(&b.function, &b.id)));
         all
@@ -592,6 +615,7 @@ impl Engine {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         self.templates.clear();
+        self.fn_templates.clear().await;
     }
 
     /// Queue depth and instances, per function, for `/metrics`.

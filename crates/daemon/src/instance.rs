@@ -21,6 +21,7 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::oneshot;
 
 use crate::engine::Engine;
+use crate::fn_templates::{FunctionTemplate, FunctionTemplates, TemplateUse};
 use crate::protocol::{self, Message};
 use crate::registry::{Function, Network, Runtime};
 
@@ -95,6 +96,8 @@ pub struct Instance {
     child: Child,
     /// The template to teach after the first reply ([`Template::learn_from`]).
     teaches: Mutex<Option<Arc<Template>>>,
+    /// The function's own template it was forked from: kept from eviction while we live.
+    _template: Option<TemplateUse>,
     slot: Slot,
     netns_slot: Option<usize>,
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
@@ -134,6 +137,15 @@ struct Spawned {
     netns_slot: Option<usize>,
     chan: StdUnixStream,
     log: OwnedFd,
+    template: Option<TemplateUse>,
+}
+
+/// What a sandbox is started as.
+#[derive(Clone, Copy, PartialEq)]
+enum Purpose {
+    Instance,
+    /// The function's own template (see `crate::fn_templates`).
+    FunctionTemplate,
 }
 
 /// How a plain start runs an instance.
@@ -149,6 +161,7 @@ fn plain_command(
     f: &Function,
     root: &Path,
     role: Option<&SessionRole>,
+    purpose: Purpose,
 ) -> Result<PlainCommand> {
     let mut preload = None;
     let argv = match f.runtime {
@@ -163,6 +176,9 @@ fn plain_command(
                 None => argv.push(PYTHON_BOOTSTRAP.into()),
             }
             argv.extend([f.handler.clone(), f.scale.concurrency.to_string()]);
+            if purpose == Purpose::FunctionTemplate {
+                argv.push("--function-template".into());
+            }
             argv
         }
         Runtime::Node => vec![
@@ -222,11 +238,15 @@ fn wasm_request_memory(worker_bytes: u64, concurrency: u32) -> u64 {
     (worker_bytes / 2 / (u64::from(concurrency) + 1) / PAGE).max(16) * PAGE
 }
 
+/// Starts a sandbox of `f`: forked from `template` (the function's own) when given,
+/// else from its runtime's template or plainly.
 fn spawn_sandbox(
     engine: &Engine,
     f: &Function,
     id: &str,
     role: Option<&SessionRole>,
+    purpose: Purpose,
+    template: Option<&Arc<FunctionTemplate>>,
 ) -> Result<Spawned> {
     let limits = Limits {
         memory_bytes: f.memory_bytes,
@@ -234,6 +254,9 @@ fn spawn_sandbox(
         pids: f.pids + platform_threads(f),
     };
     let (slot, entry) = engine.cgroups.acquire(id, &limits)?;
+    if let Some(template) = template {
+        return fork_from_function_template(engine, f, id, template, slot, &entry);
+    }
     let netns = match f.network {
         Network::None => match engine.netns()?.acquire(id) {
             Ok(claimed) => Some(claimed),
@@ -263,7 +286,7 @@ fn spawn_sandbox(
     spec.stdio = [theirs.as_raw_fd(), log_w.as_raw_fd(), log_w.as_raw_fd()];
     let netns_slot = netns.as_ref().map(|(n, _)| *n);
     spec.netns = netns.as_ref().map(|(_, fd)| fd.try_clone()).transpose()?;
-    let started = match from_template(engine, f, &spec, &entry) {
+    let started = match from_template(engine, f, &spec, &entry, purpose) {
         Some(Ok((child, template))) => Ok((child, template.wants_lesson().then_some(template))),
         fallback => {
             if let Some(Err(e)) = fallback {
@@ -272,7 +295,7 @@ fn spawn_sandbox(
                     f.name
                 );
             }
-            let command = plain_command(engine, f, &root, role).and_then(|command| {
+            let command = plain_command(engine, f, &root, role, purpose).and_then(|command| {
                 // Into the socket's buffer now (~30 KB; it holds ~200 KB), read at start.
                 if let Some(bytes) = command.preload {
                     (&ours).write_all(&bytes).context("write the bootstrap")?;
@@ -297,6 +320,7 @@ fn spawn_sandbox(
             netns_slot,
             chan: ours,
             log: log_r,
+            template: None,
         }),
         Err(message) => {
             release(&slot, &netns);
@@ -312,11 +336,103 @@ fn from_template(
     f: &Function,
     spec: &Spec,
     entry: &skiff_cgroups::Entry,
+    purpose: Purpose,
 ) -> Option<Result<(Child, Arc<Template>)>> {
     if !engine.use_templates {
         return None;
     }
-    engine.templates.fork(&engine.data, f, spec, entry)
+    let as_template = purpose == Purpose::FunctionTemplate;
+    engine
+        .templates
+        .fork(&engine.data, f, spec, entry, as_template)
+}
+
+/// An instance forked from the function's own template, in the cgroup slot `slot`
+/// (released here if the fork fails).
+fn fork_from_function_template(
+    engine: &Engine,
+    f: &Function,
+    id: &str,
+    template: &Arc<FunctionTemplate>,
+    slot: Slot,
+    entry: &skiff_cgroups::Entry,
+) -> Result<Spawned> {
+    let index = slot.index;
+    let forked = StdUnixStream::pair()
+        .context("socketpair")
+        .and_then(|(ours, theirs)| {
+            let (log_r, log_w) = crate::invoke::pipe();
+            let (child, used) = template.fork(&theirs, &log_w, &ours, entry)?;
+            Ok(Spawned {
+                child,
+                teaches: None,
+                slot,
+                netns_slot: None,
+                chan: ours,
+                log: log_r,
+                template: Some(used),
+            })
+        });
+    forked.map_err(|e| {
+        let _ = engine.cgroups.release(index);
+        // A template that cannot fork is broken: the next start makes a new one.
+        engine.fn_templates.forget_version(&f.name, &f.env);
+        e.context(format!("cannot fork an instance of {} ({id})", f.name))
+    })
+}
+
+/// Starts `f`'s own template (see `crate::fn_templates`) and waits until it has
+/// imported what its handler imports.
+pub async fn start_function_template(
+    engine: &Arc<Engine>,
+    f: &Function,
+) -> Result<FunctionTemplate> {
+    let began = Instant::now();
+    let id = format!(
+        "{}{}",
+        skiff_pool::SERVE_OWNER_PREFIX,
+        crate::invocations::new_id()
+    );
+    let spawned = {
+        let (engine, f, id) = (engine.clone(), f.clone(), id.clone());
+        tokio::task::spawn_blocking(move || {
+            spawn_sandbox(&engine, &f, &id, None, Purpose::FunctionTemplate, None)
+        })
+        .await
+        .context("spawn task")??
+    };
+    spawned.chan.set_nonblocking(true).context("channel")?;
+    let mut chan = tokio::net::UnixStream::from_std(spawned.chan).context("channel")?;
+    let limit = Duration::from_millis(f.timeout_ms).max(Duration::from_secs(30));
+    let first = tokio::time::timeout(limit, protocol::read(&mut chan, MAX_OUTPUT)).await;
+    if !matches!(first, Ok(Ok(Some((Message::Ready, _))))) {
+        let how = reap_and_release(
+            engine,
+            &spawned.child,
+            None,
+            &spawned.slot,
+            spawned.netns_slot,
+        )
+        .await;
+        let output = drain(&spawned.log);
+        bail!("the template did not start: {how}\n{}", output.trim_end());
+    }
+    let control = chan.into_std().context("channel")?;
+    control.set_nonblocking(false).context("channel")?;
+    // A template answers at once; one that does not is broken, not busy.
+    control
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .context("channel")?;
+    tokio::spawn(read_logs(engine.clone(), f.name.clone(), spawned.log));
+    Ok(FunctionTemplate::new(
+        id,
+        f,
+        spawned.child,
+        spawned.slot,
+        spawned.netns_slot,
+        control,
+        began.elapsed(),
+    ))
 }
 
 impl Instance {
@@ -334,11 +450,19 @@ impl Instance {
             skiff_pool::SERVE_OWNER_PREFIX,
             crate::invocations::new_id()
         );
+        let template = if role.is_none() && FunctionTemplates::wanted(engine, f) {
+            engine.fn_templates.get(engine, f).await
+        } else {
+            None
+        };
         let spawned = {
             let (engine, f, id, role) = (engine.clone(), f.clone(), id.clone(), role.clone());
-            tokio::task::spawn_blocking(move || spawn_sandbox(&engine, &f, &id, role.as_ref()))
-                .await
-                .context("spawn task")??
+            tokio::task::spawn_blocking(move || {
+                let purpose = Purpose::Instance;
+                spawn_sandbox(&engine, &f, &id, role.as_ref(), purpose, template.as_ref())
+            })
+            .await
+            .context("spawn task")??
         };
         spawned.chan.set_nonblocking(true).context("channel")?;
         let chan = tokio::net::UnixStream::from_std(spawned.chan).context("channel")?;
@@ -369,8 +493,14 @@ impl Instance {
             )),
         };
         if let Some((message, with_status)) = failure {
-            let how =
-                reap_and_release(engine, &spawned.child, &spawned.slot, spawned.netns_slot).await;
+            let how = reap_and_release(
+                engine,
+                &spawned.child,
+                spawned.template.as_ref(),
+                &spawned.slot,
+                spawned.netns_slot,
+            )
+            .await;
             // Keep the instance's own output: an interpreter that failed before the
             // bootstrap ran (a missing library, a bad flag) says why there.
             let output = drain(&spawned.log);
@@ -395,6 +525,7 @@ impl Instance {
             init: began.elapsed(),
             child: spawned.child,
             teaches: Mutex::new(spawned.teaches),
+            _template: spawned.template,
             slot: spawned.slot,
             netns_slot: spawned.netns_slot,
             writer: tokio::sync::Mutex::new(writer),
@@ -417,7 +548,8 @@ impl Instance {
             let why = me.serve_replies(&engine2, &mut reader).await;
             me.dead.store(true, Ordering::SeqCst);
             let _ = me.child.kill(libc::SIGKILL);
-            let exit = reap_and_release(&engine2, &me.child, &me.slot, me.netns_slot).await;
+            let origin = me._template.as_ref();
+            let exit = reap_and_release(&engine2, &me.child, origin, &me.slot, me.netns_slot).await;
             let why = why.unwrap_or(exit);
             for (_, p) in me.pending.lock().unwrap().drain() {
                 let _ = p.reply.send((Reply::Crashed(why.clone()), p.logs));
@@ -658,13 +790,35 @@ impl Instance {
 async fn reap_and_release(
     engine: &Arc<Engine>,
     child: &Child,
+    origin: Option<&TemplateUse>,
     slot: &Slot,
     netns: Option<usize>,
 ) -> String {
     let _ = child.kill(libc::SIGKILL);
-    let status = wait_exit(child).await;
+    let mut status = wait_exit(child).await;
+    if let (None, Some(origin)) = (status, origin) {
+        // A fork's status is its template's to reap.
+        let origin = origin.clone();
+        status = tokio::task::spawn_blocking(move || origin.exit_status())
+            .await
+            .ok()
+            .flatten();
+    }
     let oom = engine.cgroups.oom_killed(slot);
-    let (engine, slot) = (engine.clone(), slot.index);
+    release_slots(engine, slot.index, netns).await;
+    if oom {
+        return "the function ran out of memory (killed by the kernel's OOM killer)".into();
+    }
+    match status {
+        Some(ExitStatus::Exited(c)) => format!("the instance exited with {c}"),
+        Some(ExitStatus::Signaled(s)) => format!("the instance was killed by signal {s}"),
+        None => "the instance vanished".into(),
+    }
+}
+
+/// Frees a cgroup slot (and a network namespace) once what ran there has ended.
+pub async fn release_slots(engine: &Arc<Engine>, slot: usize, netns: Option<usize>) {
+    let engine = engine.clone();
     let _ = tokio::task::spawn_blocking(move || {
         if let Err(e) = engine.cgroups.release(slot) {
             eprintln!("skiff: warning: cannot release cgroup slot {slot}: {e:#}");
@@ -674,14 +828,6 @@ async fn reap_and_release(
         }
     })
     .await;
-    if oom {
-        return "the function ran out of memory (killed by the kernel's OOM killer)".into();
-    }
-    match status {
-        Some(ExitStatus::Exited(c)) => format!("the instance exited with {c}"),
-        Some(ExitStatus::Signaled(s)) => format!("the instance was killed by signal {s}"),
-        None => "the instance vanished".into(),
-    }
 }
 
 /// Whatever the instance wrote to its log pipe before it exited (at most 64 KiB).
@@ -705,7 +851,9 @@ fn drain(log: &OwnedFd) -> String {
 }
 
 /// Waits (without a thread) until the child exits, then reaps it.
-async fn wait_exit(child: &Child) -> Option<ExitStatus> {
+/// Waits for `child` to end: its status when it is ours to reap, `None` for a fork of a
+/// function template (its template reaps it).
+pub async fn wait_exit(child: &Child) -> Option<ExitStatus> {
     use std::os::fd::AsFd;
     // SAFETY: the pidfd belongs to `child`, which outlives this borrow.
     let fd = unsafe {
@@ -713,8 +861,14 @@ async fn wait_exit(child: &Child) -> Option<ExitStatus> {
     }
     .ok()?;
     loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) => {}
+            // Not our child: its pidfd turns readable when it ends.
+            Err(_) => {
+                let _ready = fd.readable().await.ok()?;
+                return None;
+            }
         }
         let mut ready = fd.readable().await.ok()?;
         ready.clear_ready();

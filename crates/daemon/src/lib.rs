@@ -4,6 +4,7 @@
 //! [`engine`], sandboxes come from a [`RemoteSpawner`] forked before the async runtime.
 
 mod engine;
+mod fn_templates;
 mod instance;
 mod invocations;
 mod invoke;
@@ -57,6 +58,8 @@ pub struct Config {
     pub templates: bool,
     /// Threads that serve HTTP and dispatch calls.
     pub threads: usize,
+    /// Bytes idle function templates may hold together.
+    pub template_memory: u64,
 }
 
 /// Which listener a request came in on: deploying a host path is for the Unix socket
@@ -119,6 +122,7 @@ pub fn serve(config: Config, spawner: RemoteSpawner) -> Result<()> {
             spawner,
             config.keep_records,
             config.templates,
+            config.template_memory,
         )?;
         let engine = Arc::new(engine);
         tokio::spawn(engine.clone().keep_alive_loop());
@@ -217,7 +221,7 @@ async fn metrics(State(e): State<Arc<Engine>>) -> impl IntoResponse {
     let functions = e.registry.list().map_or(0, |l| l.len());
     (
         [("content-type", "text/plain; version=0.0.4")],
-        e.metrics.render(functions, &e.gauges(), e.session_gauges()),
+        e.metrics.render(functions, &e.gauges(), e.session_gauges()) + &e.fn_templates.metrics(&e),
     )
 }
 
@@ -335,6 +339,7 @@ async fn deploy(
     if f.runtime != Runtime::Binary {
         if let Err(message) = fp.prewarm(&e).await {
             fp.retire();
+            e.fn_templates.forget_version(&f.name, &f.env);
             let _ = std::fs::remove_dir_all(&incoming);
             return Err(ApiError(StatusCode::BAD_REQUEST, message));
         }

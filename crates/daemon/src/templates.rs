@@ -69,13 +69,15 @@ impl Templates {
     }
 
     /// Forks an instance of `f` for `spec` from its runtime's template (started on first
-    /// use), and says which template; `None` for runtimes without one.
+    /// use), or `f`'s own template (see `crate::fn_templates`) when `as_function_template`;
+    /// says which template; `None` for runtimes without one.
     pub fn fork(
         &self,
         data: &Path,
         f: &Function,
         spec: &Spec,
         entry: &Entry,
+        as_function_template: bool,
     ) -> Option<Result<(Child, Arc<Template>)>> {
         let started = match f.runtime {
             Runtime::Python3 => self.get(data, &spec.rootfs, "python3", || {
@@ -118,6 +120,9 @@ impl Templates {
         let mut extra = serde_json::Map::new();
         extra.insert("handler".into(), f.handler.clone().into());
         extra.insert("concurrency".into(), f.scale.concurrency.into());
+        if as_function_template {
+            extra.insert("function_template".into(), true.into());
+        }
         Some(started.and_then(|template| Ok((template.fork(spec, entry, extra)?, template))))
     }
 

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod code;
+
 pub const FILE_NAME: &str = "skiff.yaml";
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]

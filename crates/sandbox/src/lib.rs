@@ -17,6 +17,6 @@ mod spawn;
 mod spec;
 pub mod template;
 
-pub use server::RemoteSpawner;
+pub use server::{recv_with_fds, send_with_fds, RemoteSpawner};
 pub use spawn::{Child, ExitStatus, SpawnError, SpawnErrorKind, Spawner};
 pub use spec::{IdMap, Spec};

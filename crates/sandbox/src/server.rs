@@ -227,7 +227,8 @@ fn handle(spawner: &Spawner, wire: WireSpec, fds: Vec<OwnedFd>) -> (Reply, Optio
     }
 }
 
-pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+/// Sends `data` with the descriptors `fds` (SCM_RIGHTS) on a Unix socket.
+pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
@@ -257,7 +258,8 @@ pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> std::io:
     Ok(())
 }
 
-pub(crate) fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Vec<OwnedFd>)> {
+/// Receives one message into `buf` with the descriptors that came with it.
+pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Vec<OwnedFd>)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),

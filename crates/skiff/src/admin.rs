@@ -43,14 +43,20 @@ pub fn ps(data: &Path, json: bool, instances: Vec<serde_json::Value>) -> Result<
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(now, |d| d.as_secs());
+        let function = i["function"].as_str().unwrap_or("?");
+        let template = i["role"] == "template";
         serde_json::json!({
             "id": i["id"],
             "pid": i["pid"],
-            "status": if busy { "serving" } else { "idle" },
+            "status": if template { "template" } else if busy { "serving" } else { "idle" },
             "slot": i["cgroup_slot"],
             "memory_bytes": i["memory_bytes"],
             "created_unix": started,
-            "command": format!("function {}", i["function"].as_str().unwrap_or("?")),
+            "command": if template {
+                format!("template of function {function}")
+            } else {
+                format!("function {function}")
+            },
             "function": i["function"],
         })
     }));

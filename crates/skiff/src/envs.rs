@@ -11,6 +11,7 @@ use skiff_store::Store;
 
 pub fn validate(dir: &Path) -> Result<()> {
     let m = Manifest::load(dir)?;
+    m.check_code(dir)?;
     println!(
         "{}: ok ({} function {:?}, handler {})",
         dir.join(skiff_manifest::FILE_NAME).display(),

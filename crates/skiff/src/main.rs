@@ -19,14 +19,15 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
 struct Cli {
-    /// Data directory: pools, sandbox records, logs.
+    /// Data directory: pools, sandbox records, logs, environments, functions.
     #[arg(
-        long,
+        long = "data-dir",
+        value_name = "DIR",
         global = true,
         env = "SKIFF_DATA",
         default_value = "/var/lib/skiff"
     )]
-    data: PathBuf,
+    data_dir: PathBuf,
     /// The daemon's Unix socket (serve listens on it; other commands talk to it).
     #[arg(long, global = true, env = "SKIFF_SOCKET", default_value = skiff_daemon::DEFAULT_SOCKET)]
     socket: PathBuf,
@@ -78,6 +79,11 @@ enum Command {
         /// from one thread to another costs more than the proxying it would spread.
         #[arg(long, env = "SKIFF_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
         threads: Option<u16>,
+        /// Memory that idle function templates may hold together (python3 functions
+        /// with packages get a template that has imported them); past it the least
+        /// recently used idle ones stop.
+        #[arg(long, env = "SKIFF_TEMPLATE_MEMORY", default_value = "1G", value_parser = units::parse_size)]
+        template_memory: u64,
     },
     /// Deploy a function directory (with skiff.yaml) to the daemon.
     Deploy {
@@ -87,9 +93,15 @@ enum Command {
     /// Invoke a function and print its response.
     Invoke {
         name: String,
-        /// Request body, or @FILE to read it from a file.
-        #[arg(short = 'd', long = "body", value_name = "DATA|@FILE")]
-        body: Option<String>,
+        /// The request body, as in curl: DATA, @FILE for a file's bytes (as they are),
+        /// @- for standard input.
+        #[arg(
+            short = 'd',
+            long = "data",
+            visible_alias = "data-binary",
+            value_name = "DATA|@FILE"
+        )]
+        data: Option<String>,
         /// A request header K:V (repeatable).
         #[arg(short = 'H', long = "header")]
         headers: Vec<String>,
@@ -198,11 +210,17 @@ fn main() -> ExitCode {
             let text = e.render().to_string();
             let first = text.lines().next().unwrap_or("invalid arguments");
             let message = first.trim_start_matches("error: ");
-            eprintln!("skiff: error: {message} (see `skiff help`)");
+            // clap's tip names the flag meant, e.g. --data-dir for the old global --data.
+            let tip = text
+                .lines()
+                .map(str::trim)
+                .find(|l| l.starts_with("tip: "))
+                .map_or(String::new(), |tip| format!("; {tip}"));
+            eprintln!("skiff: error: {message}{tip} (see `skiff help`)");
             return ExitCode::from(125);
         }
     };
-    let data = cli.data;
+    let data = cli.data_dir;
     let target = client::Target {
         socket: &cli.socket,
         host: cli.host.as_deref(),
@@ -213,19 +231,21 @@ fn main() -> ExitCode {
             keep_records,
             cold_start,
             threads,
-        } => serve(
-            &data,
-            &cli.socket,
+            template_memory,
+        } => serve(skiff_daemon::Config {
+            data: data.clone(),
+            socket: cli.socket.clone(),
             listen,
             keep_records,
-            cold_start == "template",
-            threads.map_or_else(default_threads, usize::from),
-        )
+            templates: cold_start == "template",
+            threads: threads.map_or_else(default_threads, usize::from),
+            template_memory,
+        })
         .map(|()| 0),
         Command::Deploy { dir } => remote::deploy(&target, &dir).map(|()| 0),
         Command::Invoke {
             name,
-            body,
+            data: body,
             mut headers,
             is_async,
             session,
@@ -300,26 +320,9 @@ fn main() -> ExitCode {
 }
 
 /// Forks the spawner while this process is still single-threaded, then starts the daemon.
-fn serve(
-    data: &std::path::Path,
-    socket: &std::path::Path,
-    listen: std::net::SocketAddr,
-    keep_records: std::time::Duration,
-    templates: bool,
-    threads: usize,
-) -> anyhow::Result<()> {
+fn serve(config: skiff_daemon::Config) -> anyhow::Result<()> {
     let spawner = skiff_sandbox::RemoteSpawner::start()?;
-    skiff_daemon::serve(
-        skiff_daemon::Config {
-            data: data.to_owned(),
-            socket: socket.to_owned(),
-            listen,
-            keep_records,
-            templates,
-            threads,
-        },
-        spawner,
-    )
+    skiff_daemon::serve(config, spawner)
 }
 
 /// `skiff serve`'s threads when not given: a quarter of the CPUs, at least one.

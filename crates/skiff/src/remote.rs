@@ -1,7 +1,7 @@
 //! `skiff deploy`, `invoke`, `ls`, `describe`, `rm`, `logs`: commands answered by the
 //! daemon.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -29,12 +29,20 @@ pub fn invoke(
     headers: &[String],
     is_async: bool,
 ) -> Result<()> {
+    // As curl's --data-binary: the bytes as they are (curl's -d would drop a file's newlines).
     let body = match data {
-        Some(file) if file.starts_with('@') => {
-            std::fs::read(&file[1..]).with_context(|| format!("cannot read {}", &file[1..]))?
-        }
-        Some(text) => text.as_bytes().to_vec(),
         None => Vec::new(),
+        Some("@-") => {
+            let mut stdin = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut stdin)
+                .context("cannot read standard input")?;
+            stdin
+        }
+        Some(data) => match data.strip_prefix('@') {
+            Some(file) => std::fs::read(file).with_context(|| format!("cannot read {file}"))?,
+            None => data.as_bytes().to_vec(),
+        },
     };
     let headers = headers
         .iter()

@@ -287,7 +287,7 @@ fn an_interrupted_build_leaves_nothing_visible_and_can_be_retried() {
 fn gc_frees_files_no_environment_uses() {
     let data = Data::new("envs-gc", 4);
     let a = function(&data, "echo-binary", "echo-a");
-    std::fs::write(a.join("echo"), "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::copy("/bin/busybox", a.join("echo")).unwrap();
     std::fs::write(a.join("only-here.txt"), "unique bytes of echo-a\n").unwrap();
     build(&data, &a);
     let out = data.skiff(&["envs", "--rm", "echo-a"]);
@@ -352,6 +352,76 @@ fn bad_manifests_name_the_key_line_and_column() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn broken_functions_are_refused_at_validate_and_build_naming_the_file() {
+    let data = Data::new("envs-broken", 1);
+    for broken in common::broken_functions(&data.dir.join("fn")) {
+        for verb in ["validate", "build"] {
+            let out = data.cmd().arg(verb).arg(&broken.dir).output().unwrap();
+            let err = stderr(&out);
+            assert_eq!(
+                out.status.code(),
+                Some(125),
+                "{verb} {:?}: {err}",
+                broken.dir
+            );
+            assert_eq!(err, format!("skiff: error: {}\n", broken.message), "{verb}");
+        }
+    }
+    // Nothing was built: the checks come first.
+    assert!(envs(&data).is_empty(), "{:?}", envs(&data));
+
+    // What the checks accept: a package, an ES module named in full, a code directory,
+    // a link inside the code, an executable ELF file.
+    let fine = data.dir.join("fine");
+    // (name, manifest, a file of its code and the file's text)
+    let cases = [
+        (
+            "py-package",
+            "runtime: python3\nhandler: app.main.handle\ncode: src\n",
+            "src/app/main/__init__.py",
+            "def handle(e, c): pass\n",
+        ),
+        (
+            "node-mjs",
+            "runtime: node\nhandler: index.mjs.handler\n",
+            "index.mjs",
+            "export const handler = async () => 1;\n",
+        ),
+        (
+            "node-dir",
+            "runtime: node\nhandler: lib.handler\n",
+            "lib/index.js",
+            "exports.handler = async () => 1;\n",
+        ),
+        (
+            "bin-link",
+            "runtime: binary\nhandler: ./run\n",
+            "README",
+            "run links to target/busybox\n",
+        ),
+    ];
+    for (name, manifest, file, text) in cases {
+        let dir = fine.join(name);
+        std::fs::create_dir_all(dir.join(file).parent().unwrap()).unwrap();
+        std::fs::write(dir.join("skiff.yaml"), format!("name: {name}\n{manifest}")).unwrap();
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    std::fs::create_dir_all(fine.join("bin-link/target")).unwrap();
+    std::fs::copy("/bin/busybox", fine.join("bin-link/target/busybox")).unwrap();
+    std::os::unix::fs::symlink("target/busybox", fine.join("bin-link/run")).unwrap();
+    for (name, ..) in cases {
+        let out = data
+            .cmd()
+            .arg("validate")
+            .arg(fine.join(name))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        assert!(stdout(&out).contains(": ok ("), "{name}: {}", stdout(&out));
+    }
 }
 
 #[test]

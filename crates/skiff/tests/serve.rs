@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use common::daemon::{
-    assert_nothing_left, deploy, exchange, fixture, http, request_bytes, wait_for, Daemon,
-    Response, IO_TIMEOUT,
+    assert_nothing_left, deploy, deploy_dir, exchange, fixture, http, request_bytes, wait_for,
+    Daemon, Response, IO_TIMEOUT,
 };
 use common::{pid_alive, stderr, stdout, wait_gone, Data};
 
@@ -61,7 +61,7 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("{method} {path} over the Unix socket: {e}"))
     }
 
-    /// `GET /v1/instances`, only those of `function`.
+    /// `GET /v1/instances`, only those of `function` (not its template).
     fn instances_of(&self, function: &str) -> Vec<Value> {
         let r = self.get("/v1/instances");
         assert_eq!(r.status, 200, "{}", r.text());
@@ -69,7 +69,7 @@ impl Daemon {
         all.as_array()
             .unwrap_or_else(|| panic!("/v1/instances is not a list: {all}"))
             .iter()
-            .filter(|i| i["function"] == function)
+            .filter(|i| i["function"] == function && i["role"] != "template")
             .cloned()
             .collect()
     }
@@ -92,8 +92,10 @@ impl Daemon {
 }
 
 /// A tar of a directory, as `POST /v1/functions` takes it.
+/// A tar of a function directory, as `skiff deploy` sends it (symlinks as they are).
 fn tar_of(dir: &Path) -> Vec<u8> {
     let mut tar = tar::Builder::new(Vec::new());
+    tar.follow_symlinks(false);
     tar.append_dir_all(".", dir).unwrap();
     tar.into_inner().unwrap()
 }
@@ -985,6 +987,133 @@ fn bad_deploys_and_bad_requests_get_json_errors() {
 }
 
 #[test]
+fn broken_functions_are_refused_at_deploy_with_validates_message() {
+    let data = Data::new("serve-broken", 2);
+    let daemon = Daemon::start(&data);
+    for broken in common::broken_functions(&data.dir.join("fn")) {
+        let r = daemon.request(
+            "POST",
+            "/v1/functions",
+            &[("content-type", "application/x-tar")],
+            &tar_of(&broken.dir),
+        );
+        assert_eq!(r.status, 400, "{:?}: {}", broken.dir, r.text());
+        // The same message as `skiff validate`, which names no host path.
+        assert_eq!(r.error(), broken.message);
+        let out = daemon.cli(&data, &["deploy", broken.dir.to_str().unwrap()]);
+        assert_eq!(
+            stderr(&out),
+            format!("skiff: error: {} (HTTP 400)\n", broken.message)
+        );
+    }
+    // A library only found when the environment is built: named as the sandbox would
+    // see the handler, not as the daemon's scratch copy of the function.
+    let lib_dir = data.dir.join("lib");
+    std::fs::create_dir_all(&lib_dir).unwrap();
+    std::fs::write(lib_dir.join("gone.c"), "int gone(void) { return 0; }\n").unwrap();
+    let cc = |args: &[&str]| {
+        let status = Command::new("cc").current_dir(&lib_dir).args(args).status();
+        assert!(status.unwrap().success(), "cc {args:?}");
+    };
+    cc(&["-shared", "-fPIC", "-o", "libskiffgone.so", "gone.c"]);
+    let needs_gone = function(
+        &data,
+        "needs-gone",
+        "name: needs-gone\nruntime: binary\nhandler: ./main\n",
+        None,
+    );
+    std::fs::write(
+        lib_dir.join("main.c"),
+        "int gone(void);\nint main(void) { return gone(); }\n",
+    )
+    .unwrap();
+    let main = needs_gone.join("main");
+    cc(&["-o", main.to_str().unwrap(), "main.c", "-L.", "-lskiffgone"]);
+    let out = daemon.cli(&data, &["deploy", needs_gone.to_str().unwrap()]);
+    assert_eq!(
+        stderr(&out),
+        "skiff: error: /code/main needs libskiffgone.so, which is not installed (HTTP 400)\n"
+    );
+
+    assert_eq!(daemon.get("/v1/functions").json(), json!([]));
+    let scratch: Vec<_> = std::fs::read_dir(data.dir.join("functions"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(scratch.is_empty(), "left in DATA/functions: {scratch:?}");
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+#[test]
+fn invoke_sends_its_data_as_curl_does() {
+    let data = Data::new("serve-invoke-data", 4);
+    let daemon = Daemon::start(&data);
+    let out = daemon.cli(&data, &["deploy", echo(&data).to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let invoke = |args: &[&str]| {
+        let out = daemon.cli(&data, &[&["invoke", "echo"][..], args].concat());
+        assert!(out.status.success(), "invoke {args:?}: {}", stderr(&out));
+        out.stdout
+    };
+    assert_eq!(invoke(&["--data", r#"{"name": "x"}"#]), br#"{"name": "x"}"#);
+    assert_eq!(invoke(&["-d", "short"]), b"short");
+    // A file's bytes as they are, newlines and all.
+    let file = data.dir.join("body.bin");
+    std::fs::write(&file, b"line one\r\nline two\n\0\xff").unwrap();
+    let at_file = format!("@{}", file.display());
+    for flag in ["-d", "--data", "--data-binary"] {
+        assert_eq!(
+            invoke(&[flag, &at_file]),
+            b"line one\r\nline two\n\0\xff",
+            "{flag}"
+        );
+    }
+    let mut child = data
+        .cmd()
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["invoke", "echo", "-d", "@-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"from stdin")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(stdout(&out), "from stdin", "{}", stderr(&out));
+    assert_eq!(invoke(&[]), b"");
+
+    // The data directory is --data-dir (or SKIFF_DATA); the old global --data is refused
+    // rather than taken for a body or a directory.
+    let out = Command::new(common::SKIFF)
+        .env("SKIFF_DATA", &data.dir)
+        .args(["pool"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains(&data.pool_name()), "{}", stdout(&out));
+    let out = Command::new(common::SKIFF)
+        .arg("--data")
+        .arg(&data.dir)
+        .arg("pool")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", stdout(&out));
+    assert_eq!(
+        stderr(&out),
+        "skiff: error: unexpected argument '--data' found; tip: a similar argument exists: \
+         '--data-dir' (see `skiff help`)\n"
+    );
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+#[test]
 fn a_daemon_killed_under_load_leaves_nothing_and_resumes_async_work() {
     let data = Data::new("serve-sigkill-load", 16);
     let mut daemon = Daemon::start(&data);
@@ -1453,6 +1582,140 @@ fn gc_leaves_a_running_daemons_instances_alone() {
     let out = data.skiff(&["gc", "--pools"]);
     assert_eq!(out.status.code(), Some(125), "{}", stdout(&out));
     assert!(stderr(&out).contains("skiff serve"), "{}", stderr(&out));
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+/// A python3 function with packages gets a template of its own that has imported them:
+/// its instances are forks of it, each in its own cgroup slot, as sandboxed as any
+/// instance, drawing their own random numbers; the template is listed, and it goes with
+/// its function.
+#[test]
+fn a_function_with_packages_forks_from_a_template_of_its_own() {
+    let data = Data::new("serve-fn-template", 8);
+    let daemon = Daemon::start(&data);
+    deploy(&daemon, &data, "py-packages");
+    let templates = || -> Vec<Value> {
+        let all = daemon.get("/v1/instances").json();
+        all.as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["role"] == "template")
+            .cloned()
+            .collect()
+    };
+    let listed = templates();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["function"], "py-packages");
+    let ps = stdout(&daemon.cli(&data, &["ps"]));
+    assert!(ps.contains("template of function py-packages"), "{ps}");
+    // Two calls at once: two instances, forked.
+    let (a, b) = std::thread::scope(|s| {
+        let call = || s.spawn(|| daemon.get("/fn/py-packages?sleep"));
+        let (a, b) = (call(), call());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let (a, b) = (a.json(), b.json());
+    for v in [&a, &b] {
+        assert_eq!(v["preloaded"], true, "{v:#}");
+        assert_eq!(v["uid"], 65534, "{v:#}");
+        assert_eq!(v["cap_eff"], "0000000000000000", "{v:#}");
+        assert_eq!(v["seccomp"], "2", "{v:#}");
+        assert_eq!(v["no_new_privs"], "1", "{v:#}");
+        assert!(v["six"]
+            .as_str()
+            .unwrap()
+            .starts_with("/usr/lib/python3/dist-packages/"));
+        // Their channel and nothing else of the template's (the listing's own is 3).
+        assert_eq!(v["fds"].as_array().unwrap().len(), 5, "{v:#}");
+        // Moved out of the template's cgroup (its namespace's root) into their own.
+        assert_ne!(v["cgroup"], "/", "{v:#}");
+    }
+    assert_ne!(a["pid"], b["pid"]);
+    assert_ne!(a["cgroup"], b["cgroup"]);
+    assert_ne!(a["random"], b["random"]);
+    assert_ne!(a["urandom"], b["urandom"]);
+    let metrics = daemon.get("/metrics").text();
+    assert!(
+        metrics.contains("skiff_function_template_memory_bytes{function=\"py-packages\"}"),
+        "{metrics}"
+    );
+    // A crash of a fork: a 502, its last words kept; the template stays.
+    let r = daemon.get("/fn/py-packages?crash");
+    assert_eq!(r.status, 502, "{}", r.text());
+    let id = r.header("x-skiff-invocation-id").unwrap().to_owned();
+    let record = daemon.get(&format!("/v1/invocations/{id}")).json();
+    assert_eq!(record["logs"], json!(["last words"]), "{record:#}");
+    // Its status comes from its template, which reaps it.
+    assert!(r.text().contains("killed by signal 9"), "{}", r.text());
+    assert_eq!(templates().len(), 1);
+    assert_eq!(daemon.get("/fn/py-packages").status, 200);
+    // Removed with its function.
+    assert_eq!(
+        daemon
+            .request("DELETE", "/v1/functions/py-packages", &[], b"")
+            .status,
+        204
+    );
+    wait_for("the template to end", Duration::from_secs(5), || {
+        templates().is_empty().then_some(())
+    });
+    daemon.stop();
+    assert_nothing_left(&data);
+}
+
+/// Idle function templates past `--template-memory` stop, least recently used first;
+/// one whose instances live stays.
+#[test]
+fn idle_function_templates_past_their_budget_stop() {
+    let data = Data::new("serve-fn-template-budget", 8);
+    let daemon = Daemon::start_with(&data, &["--template-memory", "1"]);
+    deploy(&daemon, &data, "py-packages");
+    // The same function under a second name.
+    let second = data.dir.join("py-packages-2");
+    std::fs::create_dir_all(&second).unwrap();
+    let fixture = fixture("py-packages");
+    std::fs::copy(fixture.join("main.py"), second.join("main.py")).unwrap();
+    let manifest = std::fs::read_to_string(fixture.join("skiff.yaml")).unwrap();
+    std::fs::write(
+        second.join("skiff.yaml"),
+        manifest.replace("name: py-packages", "name: py-packages-2"),
+    )
+    .unwrap();
+    let templates = || -> Vec<String> {
+        let all = daemon.get("/v1/instances").json();
+        let mut names: Vec<String> = all
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["role"] == "template")
+            .map(|i| i["function"].as_str().unwrap().to_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    // The first one's instance lives: its template stays.
+    deploy_dir(&daemon, &data, &second);
+    assert_eq!(templates(), ["py-packages", "py-packages-2"]);
+    // Idle now: the next template start stops it.
+    let stop = daemon.request("DELETE", "/v1/functions/py-packages/instances", &[], b"");
+    assert!(stop.status < 300, "{}", stop.text());
+    wait_for(
+        "py-packages to have no instance",
+        Duration::from_secs(5),
+        || daemon.instances_of("py-packages").is_empty().then_some(()),
+    );
+    let stop = daemon.request("DELETE", "/v1/functions/py-packages-2/instances", &[], b"");
+    assert!(stop.status < 300, "{}", stop.text());
+    // Redeployed: py-packages-2 gets a new template, which evicts py-packages's.
+    std::fs::write(second.join("extra.txt"), "a new version").unwrap();
+    deploy_dir(&daemon, &data, &second);
+    wait_for("the idle template to stop", Duration::from_secs(5), || {
+        (templates() == ["py-packages-2"]).then_some(())
+    });
+    // An evicted template comes back on the next cold start.
+    assert_eq!(daemon.get("/fn/py-packages").status, 200);
+    assert!(templates().contains(&"py-packages".to_owned()));
     daemon.stop();
     assert_nothing_left(&data);
 }

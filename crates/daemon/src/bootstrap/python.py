@@ -246,6 +246,123 @@ def run(spec, concurrency):
             threading.Thread(target=serve, args=(meta, body), daemon=True).start()
 
 
+def preload(spec):
+    """Imports what the handler's module imports from outside /code (its packages and the
+    standard library), as SOCK's import cache does; the function's own modules, whose
+    top-level code may open connections or draw random numbers, are left to each
+    instance. A module that fails here is left to fail in the instance, with its
+    traceback."""
+    import ast, importlib
+
+    module = spec.rpartition(".")[0]
+    base = "/code/" + module.replace(".", "/")
+    source = next((p for p in (base + ".py", base + "/__init__.py") if os.path.isfile(p)), None)
+    if source is None:
+        return
+    with open(source, "rb") as f:
+        tree = ast.parse(f.read(), source)
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    for name in names:
+        top = name.partition(".")[0]
+        if os.path.exists(f"/code/{top}.py") or os.path.isdir(f"/code/{top}"):
+            continue
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            pass
+
+
+def function_template(spec, concurrency):
+    """A function's own template: a sandbox of that function (its root, limits, seccomp,
+    no capabilities) that has imported what its handler imports, and forks instances of
+    that function alone on request. Each request on the channel carries an instance's
+    channel and log pipe; the answer carries the child's pidfd. The child waits for one
+    byte on its channel, sent once the daemon has moved it into its own cgroup."""
+    import gc, signal, socket
+
+    path = list(sys.path)
+    sys.path[:0] = ["/code"]
+    sys.path.append("/usr/lib/python3/dist-packages")
+    preload(spec)
+    sys.path[:] = path
+    # It is its forks' parent and their namespace's init: it reaps them (and what they
+    # leave behind) and keeps the latest statuses for the daemon to ask about.
+    exits = {}
+
+    def reap(*_):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            exits[pid] = status
+            if len(exits) > 1024:
+                exits.pop(next(iter(exits)))
+
+    signal.signal(signal.SIGCHLD, reap)
+    control = socket.socket(fileno=chan)
+    send({"t": "ready"})
+    gc.collect()
+    gc.freeze()
+    while True:
+        msg, fds, _, _ = socket.recv_fds(control, 64, 2)
+        if not msg:
+            os._exit(0)
+        if msg.startswith(b"exit "):
+            reap()
+            status = exits.pop(int(msg[5:]), None)
+            answer = {}
+            if status is not None:
+                code = os.waitstatus_to_exitcode(status)
+                answer = {"code": code} if code >= 0 else {"signal": -code}
+            control.send(json_dumps(answer).encode())
+            continue
+        try:
+            pid = os.fork()
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            control.send(json_dumps({"error": str(e)}).encode())
+            continue
+        if pid == 0:
+            control.detach()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            forked(fds, spec, concurrency)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        try:
+            socket.send_fds(control, [json_dumps({"pid": pid}).encode()], [pidfd])
+        finally:
+            os.close(pidfd)
+
+
+def forked(fds, spec, concurrency):
+    """A function template's child: its channel and log, nothing else of the template's,
+    then an instance once the daemon says its cgroup is ready."""
+    channel, log = fds
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    keep = os.dup(channel)
+    os.closerange(3, keep)
+    os.closerange(keep + 1, 1 << 16)
+    if "numpy.random" in sys.modules:
+        # numpy seeds its global generator once, at import: each fork draws its own.
+        sys.modules["numpy.random"].seed()
+    if not os.read(keep, 1):
+        os._exit(0)
+    attach(keep)
+    del sys.argv[3:]
+    run(spec, concurrency)
+
+
 def template():
     """The zygote: an interpreter with this bootstrap loaded, as root in the host's
     namespaces. For each request on the control socket (fd 0) it clones a spare child
@@ -395,6 +512,8 @@ def template():
         attach(keep)
         # The command line a plain start has.
         sys.argv[1:] = [plan["handler"], str(plan["concurrency"])]
+        if plan.get("function_template"):
+            function_template(plan["handler"], plan["concurrency"])
         run(plan["handler"], plan["concurrency"])
 
     def rehearse():
@@ -495,6 +614,9 @@ def template():
 
 if sys.argv[1] == "--template":
     template()
+elif sys.argv[3:] == ["--function-template"]:
+    attach(os.dup(0))
+    function_template(sys.argv[1], int(sys.argv[2]))
 else:
     attach(os.dup(0))
     run(sys.argv[1], int(sys.argv[2]))

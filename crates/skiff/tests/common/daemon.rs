@@ -171,7 +171,7 @@ impl Daemon {
             .unwrap()
             .port();
         let child = Command::new(SKIFF)
-            .arg("--data")
+            .arg("--data-dir")
             .arg(&data.dir)
             .arg("--socket")
             .arg(&socket)
@@ -199,7 +199,7 @@ impl Daemon {
         daemon
     }
 
-    /// `skiff --data DIR --socket SOCKET ARGS`, talking to this daemon.
+    /// `skiff --data-dir DIR --socket SOCKET ARGS`, talking to this daemon.
     pub fn cli(&self, data: &Data, args: &[&str]) -> Output {
         data.cmd()
             .arg("--socket")

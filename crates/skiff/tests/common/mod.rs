@@ -110,7 +110,7 @@ impl Data {
 
     pub fn cmd(&self) -> Command {
         let mut cmd = Command::new(SKIFF);
-        cmd.arg("--data").arg(&self.dir);
+        cmd.arg("--data-dir").arg(&self.dir);
         cmd
     }
 
@@ -246,7 +246,11 @@ impl Data {
         processes()
             .into_iter()
             .filter(|p| {
-                p.cmdline
+                // Templates run chrooted in a runtime layer below the data directory.
+                let root = std::fs::read_link(format!("/proc/{}/root", p.pid))
+                    .is_ok_and(|root| root.starts_with(&self.dir));
+                root || p
+                    .cmdline
                     .split('\0')
                     .any(|arg| arg == dir || arg.starts_with(&format!("{dir}/")))
             })
@@ -432,4 +436,153 @@ pub fn host_ns(name: &str) -> String {
         .unwrap()
         .to_string_lossy()
         .into_owned()
+}
+
+/// A function that `skiff validate`, `build` and deploy must refuse, and the message
+/// they must refuse it with.
+pub struct Broken {
+    pub dir: PathBuf,
+    pub message: &'static str,
+}
+
+/// Broken functions under `parent`, one directory each: a missing handler file for
+/// every runtime, a binary without its executable bit, a `#!/bin/sh` script, a file that
+/// is neither ELF nor wasm, a link out of the function's code. Each has a manifest that
+/// parses: only its files are wrong.
+pub fn broken_functions(parent: &Path) -> Vec<Broken> {
+    let function = |name: &str, manifest_rest: &str, files: &[(&str, &[u8], u32)]| {
+        let dir = parent.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("skiff.yaml"),
+            format!("name: {name}\n{manifest_rest}"),
+        )
+        .unwrap();
+        for (file, bytes, mode) in files {
+            let path = dir.join(file);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, bytes).unwrap();
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(*mode))
+                .unwrap();
+        }
+        dir
+    };
+    let elf = std::fs::read("/bin/busybox").expect("busybox-static is installed");
+    let elf = elf.as_slice();
+    let outside = function("bin-outside", "runtime: binary\nhandler: ./run\n", &[]);
+    std::os::unix::fs::symlink("/bin/busybox", outside.join("run")).unwrap();
+    let code_outside = function(
+        "code-outside",
+        "runtime: python3\nhandler: main.handle\ncode: lib\n",
+        &[],
+    );
+    std::os::unix::fs::symlink("/etc", code_outside.join("lib")).unwrap();
+    vec![
+        Broken {
+            dir: function(
+                "py-missing",
+                "runtime: python3\nhandler: main.handle\n",
+                &[("other.py", b"", 0o644)],
+            ),
+            message: "handler main.handle: the function has no main.py (nor a package main/)",
+        },
+        Broken {
+            dir: function(
+                "py-src-missing",
+                "runtime: python3\nhandler: app.handle\ncode: ./src\n",
+                &[
+                    ("app.py", b"def handle(e, c): pass\n", 0o644),
+                    ("src/util.py", b"", 0o644),
+                ],
+            ),
+            message: "handler app.handle: the function has no src/app.py (nor a package src/app/)",
+        },
+        Broken {
+            dir: code_outside,
+            message: "code: lib points outside the function's directory",
+        },
+        Broken {
+            dir: function(
+                "code-missing",
+                "runtime: python3\nhandler: app.handle\ncode: ./src\n",
+                &[("app.py", b"def handle(e, c): pass\n", 0o644)],
+            ),
+            message: "code: the function has no directory ./src",
+        },
+        Broken {
+            dir: function(
+                "node-missing",
+                "runtime: node\nhandler: index.handler\n",
+                &[],
+            ),
+            message: "handler index.handler: the function has no index.js (nor a directory index/)",
+        },
+        Broken {
+            dir: function(
+                "node-mjs",
+                "runtime: node\nhandler: index.handler\n",
+                &[(
+                    "index.mjs",
+                    b"export const handler = async () => 1;\n",
+                    0o644,
+                )],
+            ),
+            message: "handler index.handler: the function has no index.js (nor a directory \
+                      index/); to load index.mjs, name it: handler: index.mjs.handler",
+        },
+        Broken {
+            dir: function("bin-missing", "runtime: binary\nhandler: ./bin/echo\n", &[]),
+            message: "handler ./bin/echo: the function has no file bin/echo",
+        },
+        Broken {
+            dir: function(
+                "bin-noexec",
+                "runtime: binary\nhandler: ./echo\n",
+                &[("echo", elf, 0o644)],
+            ),
+            message: "handler echo is not executable: chmod +x echo",
+        },
+        Broken {
+            dir: function(
+                "bin-script",
+                "runtime: binary\nhandler: run.sh\n",
+                &[("run.sh", b"#!/bin/sh -e\ncat\n", 0o755)],
+            ),
+            message: "handler run.sh starts with #!/bin/sh, which its environment does not \
+                      have: use a compiled binary or runtime python3/node",
+        },
+        Broken {
+            dir: function(
+                "bin-text",
+                "runtime: binary\nhandler: ./run\n",
+                &[("run", b"cat\n", 0o755)],
+            ),
+            message: "handler run is not an executable: it is not an ELF binary",
+        },
+        Broken {
+            dir: outside,
+            message: "handler ./run: run points outside the function's code",
+        },
+        Broken {
+            dir: function(
+                "bin-dotdot",
+                "runtime: binary\nhandler: ../bin-noexec/echo\n",
+                &[],
+            ),
+            message: "handler ../bin-noexec/echo: ../bin-noexec/echo points outside the \
+                      function's code",
+        },
+        Broken {
+            dir: function("wasm-missing", "runtime: wasm\nhandler: f.wasm\n", &[]),
+            message: "handler f.wasm: the function has no file f.wasm",
+        },
+        Broken {
+            dir: function(
+                "wasm-not-wasm",
+                "runtime: wasm\nhandler: f.wasm\n",
+                &[("f.wasm", elf, 0o644)],
+            ),
+            message: "handler f.wasm is not a WebAssembly module: it does not start with \\0asm",
+        },
+    ]
 }
