@@ -41,12 +41,13 @@ impl Daemon {
         record.json()
     }
 
+    /// The function's instances, not its template (a function with packages has one).
     fn instances_of(&self, function: &str) -> usize {
         let all = self.get("/v1/instances").json();
         all.as_array()
             .unwrap_or_else(|| panic!("/v1/instances is not a list: {all}"))
             .iter()
-            .filter(|i| i["function"] == function)
+            .filter(|i| i["function"] == function && i["role"] != "template")
             .count()
     }
 
