@@ -167,6 +167,8 @@ function template(addon) {
   // The sandbox (native.enter), then the function's environment in place of the template's.
   function enter(plan, fds) {
     const keep = native.enter(plan, fds);
+    // Again through node, which caches its working directory (the template's, "/").
+    process.chdir(plan.cwd);
     for (const k of Object.keys(process.env)) delete process.env[k];
     for (const pair of plan.env) {
       const eq = pair.indexOf("=");
