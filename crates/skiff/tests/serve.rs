@@ -1488,10 +1488,10 @@ fn assert_refused(report: &Value, attempts: &[&str]) {
     }
 }
 
-/// Escape attempts from inside python3 and node instances, on both cold paths: forked from the
-/// template (whose sandbox set-up is replayed by the template, in node's case by its C
-/// half) and started plainly by
-/// the native spawner. Every attempt must fail, and the identity must be a sandbox's.
+/// Escape attempts from inside python3 and node instances, on both cold paths: forked
+/// from the template and started plainly by the native spawner (the same sandbox entry
+/// on every path: see `every_cold_path_enters_the_same_sandbox`). Every attempt must
+/// fail, and the identity must be a sandbox's.
 #[test]
 fn escape_attempts_from_instances_fail_on_both_cold_paths() {
     for path in ["template", "plain"] {
@@ -1582,6 +1582,17 @@ fn every_cold_path_enters_the_same_sandbox() {
                 .split(|&b| b == 0)
                 .any(|arg| arg == b"--template" || arg == b"@template");
             assert_eq!(forked, path == "template", "{function} {path}");
+            if forked {
+                // The entry's code, inherited from the template: python's as a shared
+                // object, node's compiled into its addon (the plain path's is in skiff).
+                let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+                let object = if function == "py-entry" {
+                    "skiff_entry"
+                } else {
+                    "node_template"
+                };
+                assert!(maps.contains(object), "{function}: no {object} in\n{maps}");
+            }
             reports.push((format!("{function} {path}"), r.json()));
         }
         daemon.stop();
