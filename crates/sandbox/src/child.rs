@@ -345,8 +345,7 @@ mod tests {
     #[test]
     fn the_plan_struct_matches_the_entrys() {
         // SAFETY: a constant from the entry.
-        assert_eq!(std::mem::size_of::<super::Plan>(), unsafe {
-            super::skiff_plan_size()
-        });
+        let size = unsafe { super::skiff_plan_size() };
+        assert_eq!(std::mem::size_of::<super::Plan>(), size);
     }
 }
