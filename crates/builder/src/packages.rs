@@ -100,6 +100,113 @@ fn is_local(req: &str) -> bool {
         || r.contains("file:")
 }
 
+/// The files and flags of `-r FILE`-style requirement options.
+const INCLUDES: [&str; 4] = ["-r", "--requirement", "-c", "--constraint"];
+
+/// Refuses what in the function's package inputs reaches outside its directory `root`
+/// (pip and npm would read it, and their errors would echo it): an option in the
+/// manifest's `packages`, an absolute path or a `file:` URL, a path with `..` that climbs
+/// out, a requirements file that includes one of these or a file outside, or a symlink.
+fn check_inputs(root: &Path, packages: &[String], inputs: &Inputs) -> Result<()> {
+    for p in packages {
+        if p.trim_start().starts_with('-') {
+            bail!("packages: {p:?} is an option; list packages (put options in requirements.txt)");
+        }
+        check_reference(root, root, p, "packages")?;
+    }
+    if let Some(req) = &inputs.requirements {
+        check_requirements(root, req, 0)?;
+    }
+    if let Some((json, _)) = &inputs.package_json {
+        let text = std::fs::read_to_string(json).context("cannot read package.json")?;
+        let manifest: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("package.json is not JSON: {e}"))?;
+        let base = json.parent().unwrap_or(root);
+        for deps in [
+            "dependencies",
+            "optionalDependencies",
+            "peerDependencies",
+            "devDependencies",
+        ] {
+            for spec in manifest[deps]
+                .as_object()
+                .into_iter()
+                .flat_map(|m| m.values())
+            {
+                let spec = spec.as_str().unwrap_or("");
+                if let Some(path) = ["file:", "link:"].iter().find_map(|p| spec.strip_prefix(p)) {
+                    check_reference(root, base, path, "package.json")?;
+                } else if spec.contains("file:") {
+                    check_reference(root, base, spec, "package.json")?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One requirement (or an included file's name) read relative to `base`, inside `root`.
+fn check_reference(root: &Path, base: &Path, text: &str, origin: &str) -> Result<()> {
+    let t = text.trim();
+    let outside =
+        || anyhow::anyhow!("{origin}: {t:?} names a path outside the function's directory");
+    if t.starts_with('/') || t.starts_with('~') || t.contains("file:") {
+        return Err(outside());
+    }
+    // Anything path-like (a local project, an included file) must stay below `root`.
+    let path = t
+        .trim_start_matches("-e")
+        .trim_start_matches("--editable")
+        .trim();
+    let mut depth = base
+        .strip_prefix(root)
+        .map_or(0, |rel| rel.components().count());
+    for c in Path::new(path).components() {
+        match c {
+            std::path::Component::ParentDir if depth == 0 => return Err(outside()),
+            std::path::Component::ParentDir => depth -= 1,
+            std::path::Component::Normal(_) => depth += 1,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// A requirements file and the files it includes: references inside `root`, included
+/// files regular (not links), at most 8 deep.
+fn check_requirements(root: &Path, path: &Path, depth: usize) -> Result<()> {
+    let name = path.strip_prefix(root).unwrap_or(Path::new(REQUIREMENTS));
+    let origin = name.display().to_string();
+    if depth > 8 || !is_regular_file(path) {
+        bail!("{origin} is not a regular file in the function's directory");
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {origin}"))?;
+    let base = path.parent().unwrap_or(root);
+    for line in text.lines() {
+        let line = line.split(" #").next().unwrap_or("").trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let included = INCLUDES
+            .iter()
+            .find_map(|flag| line.strip_prefix(flag))
+            .map(|rest| rest.trim_start_matches('=').trim());
+        match included {
+            Some(file) => {
+                check_reference(root, base, file, &origin)?;
+                check_requirements(root, &base.join(file), depth + 1)?;
+            }
+            None => check_reference(root, base, line, &origin)?,
+        }
+    }
+    Ok(())
+}
+
+/// A regular file itself, not a symlink to one.
+fn is_regular_file(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
+}
+
 /// Adds a requirements file's content to `key`, with the files it includes (`-r`, `-c`);
 /// false when it names local paths.
 fn requirements_key(path: &Path, key: &mut String, depth: usize) -> Result<bool> {
@@ -111,7 +218,7 @@ fn requirements_key(path: &Path, key: &mut String, depth: usize) -> Result<bool>
         if is_local(line) {
             return Ok(false);
         }
-        let included = ["-r", "--requirement", "-c", "--constraint"]
+        let included = INCLUDES
             .iter()
             .find_map(|flag| line.strip_prefix(flag))
             .map(|rest| rest.trim_start_matches('=').trim());
@@ -136,7 +243,12 @@ pub fn layer(
     have: &[Entry],
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Vec<Entry>> {
-    let find = |name: &str| dirs.iter().map(|d| d.join(name)).find(|p| p.is_file());
+    // Links are not followed: a package.json linked to a host file is not read.
+    let find = |name: &str| {
+        dirs.iter()
+            .map(|d| d.join(name))
+            .find(|p| is_regular_file(p))
+    };
     let inputs = Inputs {
         packages,
         requirements: (runtime == Runtime::Python3)
@@ -147,13 +259,17 @@ pub fn layer(
             .flatten()
             .map(|json| {
                 let dir = json.parent().expect("a file has a parent").to_path_buf();
-                let lock = LOCKS.iter().map(|l| dir.join(l)).find(|p| p.is_file());
+                let lock = LOCKS
+                    .iter()
+                    .map(|l| dir.join(l))
+                    .find(|p| is_regular_file(p));
                 (json, lock)
             }),
     };
     if inputs.is_empty() {
         return Ok(Vec::new());
     }
+    check_inputs(dirs[0], packages, &inputs)?;
     progress(Progress::Step("packages"));
     let alias = inputs.key(runtime, have)?;
     if let Some(record) = alias.as_deref().and_then(|a| store.resolve(a).ok()) {
@@ -536,6 +652,67 @@ mod tests {
             tool_error(&failed(""), &[]),
             "exit status: 1 and said nothing"
         );
+    }
+
+    #[test]
+    fn inputs_that_reach_outside_the_function_are_refused() {
+        let dir = Scratch::new().unwrap();
+        let root = dir.0.as_path();
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/more.txt"), "six\n").unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", root.join("linked.txt")).unwrap();
+        let req = root.join(REQUIREMENTS);
+        let check = |packages: &[&str], requirements: Option<&str>, json: Option<&str>| {
+            let packages: Vec<String> = packages.iter().map(|p| p.to_string()).collect();
+            let _ = std::fs::remove_file(&req);
+            if let Some(text) = requirements {
+                std::fs::write(&req, text).unwrap();
+            }
+            let pj = root.join(PACKAGE_JSON);
+            let _ = std::fs::remove_file(&pj);
+            if let Some(text) = json {
+                std::fs::write(&pj, text).unwrap();
+            }
+            let inputs = Inputs {
+                packages: &packages,
+                requirements: requirements.map(|_| req.clone()),
+                package_json: json.map(|_| (pj.clone(), None)),
+            };
+            check_inputs(root, &packages, &inputs).map_err(|e| e.to_string())
+        };
+        assert_eq!(check(&["six==1.16.0", "./local"], None, None), Ok(()));
+        assert!(check(&["-r/etc/shadow"], None, None)
+            .unwrap_err()
+            .contains("is an option"));
+        for bad in [
+            "/etc",
+            "../x",
+            "sub/../../x",
+            "file:///etc/x",
+            "pkg @ file:///etc/x",
+        ] {
+            let err = check(&[bad], None, None).unwrap_err();
+            assert!(
+                err.contains("outside the function's directory"),
+                "{bad}: {err}"
+            );
+        }
+        assert_eq!(
+            check(&[], Some("six\n-r sub/more.txt\n-e ./sub\n"), None),
+            Ok(())
+        );
+        for bad in [
+            "-r /etc/shadow\n",
+            "-r ../x\n",
+            "--requirement=linked.txt\n",
+            "-c ../../y\n",
+        ] {
+            assert!(check(&[], Some(bad), None).is_err(), "{bad}");
+        }
+        let json = |dep: &str| format!("{{\"dependencies\": {{\"a\": \"{dep}\"}}}}");
+        assert_eq!(check(&[], None, Some(&json("file:./sub"))), Ok(()));
+        assert!(check(&[], None, Some(&json("file:../../etc"))).is_err());
+        assert!(check(&[], None, Some(&json("link:/etc"))).is_err());
     }
 
     #[test]

@@ -20,6 +20,9 @@ use crate::registry::{Function, Runtime};
 
 /// The node template's native half, built by build.rs (empty when it could not be).
 const NODE_TEMPLATE_ADDON: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/node_template.node"));
+/// The sandbox entry as a shared object, for python's template (ctypes), built by
+/// build.rs (empty when it could not be).
+const SANDBOX_ENTRY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/skiff_entry.so"));
 
 /// An interpreter file's (device, inode).
 type InterpreterKey = (u64, u64);
@@ -80,13 +83,27 @@ impl Templates {
         as_function_template: bool,
     ) -> Option<Result<(Child, Arc<Template>)>> {
         let started = match f.runtime {
-            Runtime::Python3 => self.get(data, &spec.rootfs, "python3", || {
-                let argv = ["-I", "-S", "-c", PYTHON_BOOTSTRAP, "--template"];
-                Ok(Launch {
-                    argv: argv.map(String::from).to_vec(),
-                    ..Launch::default()
+            Runtime::Python3 if !SANDBOX_ENTRY.is_empty() => {
+                self.get(data, &spec.rootfs, "python3", || {
+                    // The entry, as the template sees it (see `View`).
+                    let argv = [
+                        "-I",
+                        "-S",
+                        "-c",
+                        PYTHON_BOOTSTRAP,
+                        "--template",
+                        "/tmp/skiff_entry.so",
+                    ];
+                    Ok(Launch {
+                        argv: argv.map(String::from).to_vec(),
+                        files: vec![(
+                            written_once(data, "skiff_entry", "so", SANDBOX_ENTRY)?,
+                            "skiff_entry.so".to_owned(),
+                        )],
+                        ..Launch::default()
+                    })
                 })
-            }),
+            }
             // Forking node is sound only with no helper threads at work: V8's worker
             // pool off, and its collector on the main thread. --no-lazy: the template
             // compiles its own code up front rather than each fork compiling it again
@@ -111,7 +128,10 @@ impl Templates {
                     Ok(Launch {
                         argv: argv.map(String::from).to_vec(),
                         env: vec![("LD_PRELOAD".to_owned(), ADDON.to_owned())],
-                        files: vec![(node_addon(data)?, "node_template.node".to_owned())],
+                        files: vec![(
+                            written_once(data, "node-template", "node", NODE_TEMPLATE_ADDON)?,
+                            "node_template.node".to_owned(),
+                        )],
                     })
                 })
             }
@@ -264,20 +284,19 @@ fn compile_python_bootstrap(python: &Path) -> Result<Vec<u8>> {
     Ok(out.stdout)
 }
 
-/// The addon, written once under the data directory (node loads addons from files);
-/// named by a hash of its bytes, so a new build writes a new file.
-fn node_addon(data: &Path) -> Result<PathBuf> {
-    let digest = NODE_TEMPLATE_ADDON
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
+/// `bytes` (a template's native code), written once under the data directory as
+/// `NAME-HASH.EXT` (interpreters load native code from files): a new build writes a new
+/// file.
+fn written_once(data: &Path, name: &str, ext: &str, bytes: &[u8]) -> Result<PathBuf> {
+    let digest = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
     let dir = data.join("pool").join("templates");
-    let path = dir.join(format!("node-template-{digest:016x}.node"));
+    let path = dir.join(format!("{name}-{digest:016x}.{ext}"));
     if !path.exists() {
         std::fs::create_dir_all(&dir)?;
-        let tmp = dir.join(format!(".node-template-{}", std::process::id()));
-        std::fs::write(&tmp, NODE_TEMPLATE_ADDON)?;
+        let tmp = dir.join(format!(".{name}-{}", std::process::id()));
+        std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, &path)?;
     }
     Ok(path)

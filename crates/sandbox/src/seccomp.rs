@@ -23,7 +23,6 @@
 //! comparison could be dodged by setting high bits the kernel then drops (the classic
 //! TIOCSTI bypass); the clone namespace flags all live in the low word.
 
-use std::io;
 use std::mem::offset_of;
 
 /// Syscalls allowed outright, as inclusive ranges of x86_64 numbers: Docker's
@@ -252,7 +251,7 @@ impl Filter {
             ret(RET_EPERM),
         ];
         program.extend(search(&ranges));
-        // The kernel's limit; it also makes the u16 length in apply() exact.
+        // The kernel's limit; it also makes the u16 length the kernel takes exact.
         assert!(program.len() <= libc::BPF_MAXINSNS as usize);
         Filter { program }
     }
@@ -270,33 +269,16 @@ impl Filter {
         out
     }
 
-    /// Installs the filter on the calling thread. The caller has set
-    /// `PR_SET_NO_NEW_PRIVS`. Async-signal-safe: no allocation, no locks.
-    pub fn apply(&self) -> io::Result<()> {
-        let prog = libc::sock_fprog {
-            len: self.program.len() as u16,
-            // The kernel only reads through this pointer.
-            filter: self.program.as_ptr().cast_mut(),
-        };
-        // SAFETY: prog points at a valid program that outlives the call.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_seccomp,
-                libc::SECCOMP_SET_MODE_FILTER,
-                0,
-                &prog as *const libc::sock_fprog,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+    /// The program, for the sandbox entry to install.
+    pub(crate) fn instructions(&self) -> &[libc::sock_filter] {
+        &self.program
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io;
 
     const AUDIT_ARCH_I386: u32 = 0x4000_0003;
 
@@ -600,6 +582,29 @@ mod tests {
         }
     }
 
+    /// Installs `filter` on the calling thread, as the sandbox entry does.
+    /// Async-signal-safe: no allocation, no locks.
+    fn apply(filter: &Filter) -> io::Result<()> {
+        let prog = libc::sock_fprog {
+            len: filter.program.len() as u16,
+            // The kernel only reads through this pointer.
+            filter: filter.program.as_ptr().cast_mut(),
+        };
+        // SAFETY: prog points at a valid program that outlives the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0,
+                &prog as *const libc::sock_fprog,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Forks a child that, under `filter` if given, exits with `body`'s result; returns
     /// its wait status. The test harness is multithreaded, so the child makes plain
     /// syscalls only: no allocation, no locks.
@@ -613,7 +618,7 @@ mod tests {
                 libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
                 if let Some(filter) = filter {
                     if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                        || filter.apply().is_err()
+                        || apply(filter).is_err()
                     {
                         libc::_exit(100);
                     }

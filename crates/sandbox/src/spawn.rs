@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use skiff_cgroups::Entry;
 
-use crate::child::{self, Prepared, Stage};
+use crate::child::{self, Failure, Prepared};
 use crate::seccomp::Filter;
 use crate::spec::Spec;
 
@@ -127,9 +127,15 @@ impl Spawner {
     /// has been exec'd (or failed to be).
     pub fn spawn(&self, spec: &Spec, entry: &Entry) -> Result<Child, SpawnError> {
         check_rootfs(spec)?;
-        let prepared = Prepared::new(spec, entry, &self.filter, self.last_cap)
-            .map_err(|e| setup_error(format!("{e:#}")))?;
         let (parent_end, child_end) = seqpacket_pair().map_err(|e| setup_error(e.to_string()))?;
+        let prepared = Prepared::new(
+            spec,
+            entry,
+            &self.filter,
+            self.last_cap,
+            child_end.as_raw_fd(),
+        )
+        .map_err(|e| setup_error(format!("{e:#}")))?;
 
         let mut flags =
             (libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)
@@ -240,13 +246,9 @@ impl Spawner {
                     // SAFETY: one byte from a local buffer.
                     unsafe { libc::write(sock.as_raw_fd(), b"G".as_ptr().cast(), 1) };
                 }
-                child::Message::Failed {
-                    stage,
-                    index,
-                    errno,
-                } => {
+                child::Message::Failed(failed) => {
                     let _ = child.wait();
-                    return Err(describe_failure(spec, prepared, stage, index, errno));
+                    return Err(describe_failure(spec, prepared, &failed));
                 }
             }
         }
@@ -255,7 +257,7 @@ impl Spawner {
 
 /// What the child needs, reachable from its own stack.
 struct Trampoline<'a> {
-    prepared: &'a Prepared<'a>,
+    prepared: &'a Prepared,
     sock: RawFd,
     parent_end: RawFd,
 }
@@ -418,17 +420,11 @@ fn check_rootfs(spec: &Spec) -> Result<(), SpawnError> {
     Ok(())
 }
 
-fn describe_failure(
-    spec: &Spec,
-    prepared: &Prepared,
-    stage: Stage,
-    index: u16,
-    errno: i32,
-) -> SpawnError {
-    let err = std::io::Error::from_raw_os_error(errno);
+fn describe_failure(spec: &Spec, prepared: &Prepared, failed: &Failure) -> SpawnError {
+    let err = std::io::Error::from_raw_os_error(failed.error);
     let cmd = &spec.argv[0];
-    if stage == Stage::Exec {
-        let kind = match errno {
+    if failed.stage == i32::from(child::EXEC) {
+        let kind = match failed.error {
             libc::ENOENT | libc::ENOTDIR => SpawnErrorKind::NotFound,
             _ => SpawnErrorKind::NotExecutable,
         };
@@ -442,7 +438,7 @@ fn describe_failure(
             orphan: None,
         };
     }
-    let what = prepared.describe(stage, index);
+    let what = prepared.describe(failed);
     setup_error(format!("sandbox setup failed: cannot {what}: {err}"))
 }
 

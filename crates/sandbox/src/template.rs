@@ -1,9 +1,9 @@
 //! The sandbox set-up as data, for a template process (a zygote) that forks sandboxes
-//! instead of exec'ing a program: the forked child replays the steps `crate::child`
-//! takes before its exec, with the same constants (masked /proc paths, mount options,
-//! securebits, the seccomp program); those that need no plan it takes ahead, while it
-//! waits (`Preparation`). Keeping the values here keeps one source for what a sandbox
-//! is; the zygote only supplies the mechanism.
+//! instead of exec'ing a program: the forked child hands these values to the sandbox
+//! entry the native spawner's child calls too (`entry.c`; python's template loads it as
+//! a shared object, node's addon compiles it in); those steps that need no plan it takes
+//! ahead, while it waits (`Preparation`). Keeping the values here keeps one source for
+//! what a sandbox is; the zygote only supplies the mechanism.
 
 use std::os::fd::{AsRawFd, RawFd};
 

@@ -125,9 +125,9 @@ function serveInstance(fd, spec) {
 
 // The zygote: node started with this bootstrap, as root in the host's namespaces. For
 // each plan the daemon sends a spare child (the plan as JSON, its descriptors beside
-// it), that child becomes the sandbox the plan describes (native.enter, which
-// replays the steps of skiff's native spawner, crates/sandbox/src/child.rs), and
-// then an instance: node's start and the bootstrap's loading are skipped. Returns only
+// it), that child becomes the sandbox the plan describes (native.enter: the sandbox
+// entry skiff's native spawner calls too, crates/sandbox/src/entry.c), and then an
+// instance: node's start and the bootstrap's loading are skipped. Returns only
 // in such a child, which then runs on node's event loop; the template itself loops.
 function template(addon) {
   // What an instance needs, loaded once here rather than in every fork: net, a socket
@@ -167,6 +167,8 @@ function template(addon) {
   // The sandbox (native.enter), then the function's environment in place of the template's.
   function enter(plan, fds) {
     const keep = native.enter(plan, fds);
+    // Again through node, which caches its working directory (the template's, "/").
+    process.chdir(plan.cwd);
     for (const k of Object.keys(process.env)) delete process.env[k];
     for (const pair of plan.env) {
       const eq = pair.indexOf("=");

@@ -1,12 +1,13 @@
 /* The native half of skiff's node template (zygote): what JavaScript cannot do by
  * itself. Loaded into the template with process.dlopen; the sandbox steps themselves
- * are driven by the plan the sandbox crate makes (crates/sandbox/src/template.rs).
+ * are the sandbox entry's (crates/sandbox/src/entry.c, compiled in), driven by the plan
+ * the sandbox crate makes (crates/sandbox/src/template.rs).
  *   sys(nr, ...args)        a raw system call; numbers, BigInts, strings (as C strings),
  *                           Buffers (as pointers) and null; returns the result or -errno
- *   enter(plan, fds)        in a spare child: the sandbox the plan describes, replaying
- *                           crates/sandbox/src/child.rs; returns the channel's descriptor
- *                           or throws "step: reason". In C: taken from JavaScript,
- *                           the same steps cost the child 1.9-2.8 ms, in C 1.3-1.6
+ *   prepare(preparation)    in a spare: out of the template's view, then the entry's
+ *                           skiff_prepare; returns null or what failed
+ *   enter(plan, fds)        in a spare child: the entry's skiff_enter with the plan;
+ *                           returns the channel's descriptor or throws "step: reason"
  *   recvFds(fd)             [Buffer, fds] from a SEQPACKET socket ([null, []] at its end)
  *   sendFds(fd, buf, fds)   one message with descriptors
  *   spare(flags)            clone3 with these flags plus CLONE_PIDFD: [pid, pidfd] in the
@@ -16,26 +17,20 @@
  * It is also preloaded into the template, for its madvise (below). */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
-#include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/sched.h>
-#include <linux/seccomp.h>
 #include <node_api.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/mount.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <uv.h>
+
+#include "entry.h"
 
 #define MAX_FDS 16
 
@@ -166,7 +161,7 @@ int madvise(void *addr, size_t len, int advice) {
   return (int)syscall(SYS_madvise, addr, len, advice);
 }
 
-/* Plan fields (a parsed JSON object). Strings longer than their buffer fail the step. */
+/* Plan fields (a parsed JSON object), copied into `buf`; false if absent or too long. */
 static bool plan_string(napi_env env, napi_value obj, const char *key, char *buf, size_t cap) {
   napi_value v;
   size_t len;
@@ -188,91 +183,83 @@ static bool plan_bool(napi_env env, napi_value obj, const char *key) {
   return b;
 }
 
-/* The `index`th string of the array field `key`; false past its end. */
-static bool plan_item(napi_env env, napi_value obj, const char *key, uint32_t index, char *buf,
-                      size_t cap) {
-  napi_value list, v;
+/* The array of strings `key` as a NULL-ended list in `list` (up to `max` names), their
+ * text in `text`; false if absent or too long. */
+static bool plan_list(napi_env env, napi_value obj, const char *key, const char **list,
+                      size_t max, char *text, size_t cap) {
+  napi_value array, v;
   uint32_t len = 0;
-  size_t n;
-  if (napi_get_named_property(env, obj, key, &list) != napi_ok ||
-      napi_get_array_length(env, list, &len) != napi_ok || index >= len)
+  size_t used = 0, n;
+  if (napi_get_named_property(env, obj, key, &array) != napi_ok ||
+      napi_get_array_length(env, array, &len) != napi_ok || len > max)
     return false;
-  return napi_get_element(env, list, index, &v) == napi_ok &&
-         napi_get_value_string_utf8(env, v, buf, cap, &n) == napi_ok && n + 1 < cap;
+  for (uint32_t i = 0; i < len; i++) {
+    if (napi_get_element(env, array, i, &v) != napi_ok ||
+        napi_get_value_string_utf8(env, v, text + used, cap - used, &n) != napi_ok ||
+        used + n + 1 >= cap)
+      return false;
+    list[i] = text + used;
+    used += n + 1;
+  }
+  list[len] = NULL;
+  return true;
 }
 
 static int nibble(char c) {
   return c <= '9' ? c - '0' : c - 'a' + 10;
 }
 
-/* Out of the template's chroot, to the mount tree's root, where the plan's host paths
- * are (see View in crates/sandbox/src/template.rs): a chroot into /tmp leaves the working
- * directory outside the root, and from there .. climbs to the real one. */
-static int leave_view(void) {
-  struct stat here, up;
-  if (chroot("/tmp") < 0) return -1;
-  for (;;) {
-    if (stat(".", &here) < 0 || stat("..", &up) < 0) return -1;
-    if (here.st_dev == up.st_dev && here.st_ino == up.st_ino) break;
-    if (chdir("..") < 0) return -1;
-  }
-  return chroot(".");
+/* "what: reason" for a failed step of the entry. */
+static void failed_step(const struct skiff_prep *prep, const struct skiff_plan *plan,
+                        const struct skiff_failure *failed, char *text, size_t cap) {
+  skiff_describe(prep, plan, failed, text, cap);
+  size_t n = strlen(text);
+  snprintf(text + n, cap - n, ": %s", failed->error ? strerror(failed->error) : "bad plan");
 }
 
 /* In a spare, before its plan: out of the template's view, then the steps every start
- * shares (see Preparation in crates/sandbox/src/template.rs). Returns null, or what
+ * shares (the daemon's Preparation, through the sandbox entry). Returns null, or what
  * failed (the start that gets this spare reports it). */
 static napi_value prepare(napi_env env, napi_callback_info info) {
   size_t argc = 1;
   napi_value argv[1], out;
   napi_get_cb_info(env, info, &argc, argv, NULL, NULL);
-  napi_value prep = argv[0];
-  static char item[256], path[sizeof item + 16], text[4096];
-  const char *step = "leave the template's root";
-  const unsigned long nsdx = MS_NOSUID | MS_NODEV | MS_NOEXEC;
-  if (leave_view() < 0) goto failed;
-  step = "make / private";
-  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) goto failed;
-  step = "mount /proc";
-  if (mount("proc", "/proc", "proc", nsdx, NULL) < 0) goto failed;
-  step = "mask /proc";
-  for (uint32_t i = 0; plan_item(env, prep, "masked_files", i, item, sizeof item); i++) {
-    snprintf(path, sizeof path, "/proc/%s", item);
-    if (mount("/dev/null", path, NULL, MS_BIND, NULL) < 0 && errno != ENOENT) goto failed;
+  static const char *lists[3][64];
+  static char names[3][4096], options[256], text[4096];
+  struct skiff_prep prep = {lists[0], lists[1], lists[2], options,
+                            (uint32_t)plan_int(env, argv[0], "last_cap"), 1};
+  struct skiff_failure failed = {0, 0, 0};
+  if (!plan_list(env, argv[0], "masked_files", lists[0], 63, names[0], sizeof names[0]) ||
+      !plan_list(env, argv[0], "masked_dirs", lists[1], 63, names[1], sizeof names[1]) ||
+      !plan_list(env, argv[0], "readonly", lists[2], 63, names[2], sizeof names[2]) ||
+      !plan_string(env, argv[0], "mask_options", options, sizeof options)) {
+    napi_create_string_utf8(env, "a bad preparation", NAPI_AUTO_LENGTH, &out);
+    return out;
   }
-  errno = 0;
-  if (!plan_string(env, prep, "mask_options", text, sizeof text)) goto failed;
-  for (uint32_t i = 0; plan_item(env, prep, "masked_dirs", i, item, sizeof item); i++) {
-    snprintf(path, sizeof path, "/proc/%s", item);
-    if (mount("tmpfs", path, "tmpfs", MS_RDONLY | nsdx, text) < 0 && errno != ENOENT)
-      goto failed;
+  if (skiff_prepare(&prep, &failed) < 0) {
+    failed_step(&prep, NULL, &failed, text, sizeof text);
+    napi_create_string_utf8(env, text, NAPI_AUTO_LENGTH, &out);
+    return out;
   }
-  step = "bind /proc read-only";
-  for (uint32_t i = 0; plan_item(env, prep, "readonly", i, item, sizeof item); i++) {
-    snprintf(path, sizeof path, "/proc/%s", item);
-    if (mount(path, path, NULL, MS_BIND, NULL) < 0) {
-      if (errno == ENOENT) continue;
-      goto failed;
-    }
-    if (mount(path, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | nsdx, NULL) < 0) goto failed;
-  }
-  step = "drop bounding capabilities";
-  for (int64_t cap = 0, last = plan_int(env, prep, "last_cap"); cap <= last; cap++)
-    if (prctl(PR_CAPBSET_DROP, (unsigned long)cap) < 0) goto failed;
   napi_get_null(env, &out);
-  return out;
-failed:
-  snprintf(text, sizeof text, "%s: %s", step, errno ? strerror(errno) : "bad preparation");
-  napi_create_string_utf8(env, text, NAPI_AUTO_LENGTH, &out);
   return out;
 }
 
+/* The entry's last step before it locks: libuv's loop made anew in the child. */
+static int renew_loop(void *loop) {
+  int r = uv_loop_fork(loop);
+  if (r < 0) errno = -r;
+  return r;
+}
+
+/* In a spare child: the sandbox the plan describes, through the sandbox entry; returns
+ * the channel's descriptor or throws "step: reason". */
 static napi_value enter(napi_env env, napi_callback_info info) {
   size_t argc = 2;
   napi_value argv[2];
   napi_get_cb_info(env, info, &argc, argv, NULL, NULL);
-  napi_value plan = argv[0];
-  int fds[3 + 2 + MAX_FDS];
+  napi_value p = argv[0];
+  int32_t fds[3 + 2 + MAX_FDS];
   uint32_t nfds = 0;
   napi_get_array_length(env, argv[1], &nfds);
   if (nfds > sizeof fds / sizeof fds[0]) nfds = sizeof fds / sizeof fds[0];
@@ -281,117 +268,68 @@ static napi_value enter(napi_env env, napi_callback_info info) {
     int64_t fd = -1;
     napi_get_element(env, argv[1], i, &v);
     napi_get_value_int64(env, v, &fd);
-    fds[i] = (int)fd;
+    fds[i] = (int32_t)fd;
   }
-  static char root[4096], path[sizeof root + 16], text[4096];
+  static char root[4096], dev[4096], shm[256], tmp[256], host[256], cwd[4096], text[4096];
   static char seccomp_hex[1 << 16];
-  const char *step = "";
-  const unsigned long nsd = MS_NOSUID | MS_NODEV, nsdx = nsd | MS_NOEXEC;
-  uint32_t next = 3;
-  int clone_into = plan_bool(env, plan, "clone_into") ? fds[next++] : -1;
-  uint32_t joins = (uint32_t)plan_int(env, plan, "joins");
-  uint32_t first_join = next;
-  next += joins;
-  int netns = plan_bool(env, plan, "netns") ? fds[next++] : -1;
-/* A step's system call failed (errno says why), or the plan lacks what it needs. */
-#define STEP(what, call)         \
-  do {                           \
-    step = what;                 \
-    if ((call) < 0) goto failed; \
-  } while (0)
-#define PLAN(what, ok) \
-  do {                 \
-    step = what;       \
-    if (!(ok)) {       \
-      errno = 0;       \
-      goto failed;     \
-    }                  \
-  } while (0)
-  PLAN("read the plan", next <= nfds && plan_string(env, plan, "rootfs", root, sizeof root));
-  /* Forked ahead, before its cgroup was known: the child moves itself. */
-  if (clone_into >= 0) {
-    int procs;
-    STEP("open cgroup.procs", procs = openat(clone_into, "cgroup.procs", O_WRONLY | O_CLOEXEC));
-    STEP("join the cgroup", write(procs, "0", 1));
-    close(procs);
-  }
-  for (uint32_t i = 0; i < joins; i++)
-    STEP("join the cgroup", write(fds[first_join + i], "0", 1));
-  STEP("unshare the cgroup namespace", unshare(CLONE_NEWCGROUP));
-  if (netns >= 0) STEP("join the network namespace", setns(netns, CLONE_NEWNET));
-  STEP("bind the root", mount(root, root, NULL, MS_BIND, NULL));
-  STEP("remount the root read-only",
-       mount(root, root, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | nsd, NULL));
-  snprintf(path, sizeof path, "%s/proc", root);
-  STEP("move /proc under the root", mount("/proc", path, NULL, MS_MOVE, NULL));
-  PLAN("bind /dev", plan_string(env, plan, "dev_template", text, sizeof text));
-  snprintf(path, sizeof path, "%s/dev", root);
-  STEP("bind /dev", mount(text, path, NULL, MS_BIND | MS_REC, NULL));
-  PLAN("mount /dev/shm", plan_string(env, plan, "shm_options", text, sizeof text));
-  snprintf(path, sizeof path, "%s/dev/shm", root);
-  STEP("mount /dev/shm", mount("tmpfs", path, "tmpfs", nsdx, text));
-  PLAN("mount /tmp", plan_string(env, plan, "tmp_options", text, sizeof text));
-  snprintf(path, sizeof path, "%s/tmp", root);
-  STEP("mount /tmp", mount("tmpfs", path, "tmpfs", nsd, text));
-  STEP("chdir to the root", chdir(root));
-  STEP("pivot_root", syscall(SYS_pivot_root, ".", "."));
-  STEP("detach the old root", umount2(".", MNT_DETACH));
-  STEP("chdir /", chdir("/"));
-  PLAN("sethostname", plan_string(env, plan, "hostname", text, sizeof text));
-  STEP("sethostname", sethostname(text, strlen(text)));
-  struct rlimit files = {(rlim_t)plan_int(env, plan, "max_open_files"), 0}, core = {0, 0};
-  files.rlim_max = files.rlim_cur;
-  STEP("setrlimit", setrlimit(RLIMIT_NOFILE, &files));
-  STEP("setrlimit", setrlimit(RLIMIT_CORE, &core));
-  /* Raw calls: each changes only this thread, which is all the child has; libc's
-   * wrappers would signal threads it still believes the template has. */
-  STEP("setgroups", syscall(SYS_setgroups, 0, NULL));
-  STEP("securebits", prctl(PR_SET_SECUREBITS, (unsigned long)plan_int(env, plan, "secure_bits")));
-  STEP("clear ambient capabilities", prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0));
-  long gid = (long)plan_int(env, plan, "gid"), uid = (long)plan_int(env, plan, "uid");
-  STEP("setresgid", syscall(SYS_setresgid, gid, gid, gid));
-  STEP("setresuid", syscall(SYS_setresuid, uid, uid, uid));
-  struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
-  struct __user_cap_data_struct none[2];
-  memset(none, 0, sizeof none);
-  STEP("capset", syscall(SYS_capset, &header, none));
-  PLAN("chdir", plan_string(env, plan, "cwd", text, sizeof text));
-  STEP("chdir", chdir(text));
-  STEP("parent-death signal", prctl(PR_SET_PDEATHSIG, SIGKILL));
-  /* The channel, stdout and stderr may have arrived as any numbers, 0 to 2 included:
-   * lift them out of the way, put them in place, close everything else of the
-   * template's (the event loop's descriptors too: it is renewed right after). */
-  int keep, out, err, devnull;
-  STEP("dup", keep = fcntl(fds[0], F_DUPFD_CLOEXEC, 100));
-  STEP("dup", out = fcntl(fds[1], F_DUPFD_CLOEXEC, 100));
-  STEP("dup", err = fcntl(fds[2], F_DUPFD_CLOEXEC, 100));
-  STEP("stdout", dup3(out, 1, 0));
-  STEP("stderr", dup3(err, 2, 0));
-  syscall(SYS_close_range, 3, keep - 1, 0);
-  syscall(SYS_close_range, keep + 1, ~0U, 0);
+  static struct sock_filter program[(sizeof seccomp_hex / 2) / sizeof(struct sock_filter)];
   uv_loop_t *loop;
   napi_get_uv_event_loop(env, &loop);
-  step = "renew the event loop";
-  if ((errno = -uv_loop_fork(loop)) != 0) goto failed;
-  STEP("open /dev/null", devnull = open("/dev/null", O_RDONLY | O_CLOEXEC));
-  STEP("stdin", dup3(devnull, 0, 0));
-  close(devnull);
-  STEP("no_new_privs", prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
-  PLAN("seccomp", plan_string(env, plan, "seccomp", seccomp_hex, sizeof seccomp_hex));
+  /* The descriptors: channel, stdout, stderr, then the cgroup to move into if
+   * clone_into, `joins` v1 tasks files, a network namespace if netns. */
+  uint32_t next = 3;
+  struct skiff_plan plan = {0};
+  plan.cgroup = plan_bool(env, p, "clone_into") ? fds[next++] : -1;
+  plan.joins = fds + next;
+  plan.n_joins = (uint32_t)plan_int(env, p, "joins");
+  next += plan.n_joins;
+  plan.netns = plan_bool(env, p, "netns") ? fds[next++] : -1;
+  bool read = next <= nfds && plan_string(env, p, "rootfs", root, sizeof root) &&
+              plan_string(env, p, "dev_template", dev, sizeof dev) &&
+              plan_string(env, p, "shm_options", shm, sizeof shm) &&
+              plan_string(env, p, "tmp_options", tmp, sizeof tmp) &&
+              plan_string(env, p, "hostname", host, sizeof host) &&
+              plan_string(env, p, "cwd", cwd, sizeof cwd) &&
+              plan_string(env, p, "seccomp", seccomp_hex, sizeof seccomp_hex);
+  if (!read) {
+    napi_throw_error(env, NULL, "read the plan: bad plan");
+    return NULL;
+  }
   size_t bytes = strlen(seccomp_hex) / 2;
-  static struct sock_filter program[(sizeof seccomp_hex / 2) / sizeof(struct sock_filter)];
   for (size_t i = 0; i < bytes; i++) /* lower-case hex, from the sandbox crate */
     ((unsigned char *)program)[i] = (unsigned char)(nibble(seccomp_hex[2 * i]) << 4 |
                                                     nibble(seccomp_hex[2 * i + 1]));
-  struct sock_fprog prog = {(unsigned short)(bytes / sizeof(struct sock_filter)), program};
-  STEP("seccomp", syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog));
-#undef STEP
-#undef PLAN
+  plan.root = root;
+  plan.dev_template = dev;
+  plan.shm_options = shm;
+  plan.tmp_options = tmp;
+  plan.hostname = host;
+  plan.cwd = cwd;
+  plan.user_ns_sock = -1;
+  plan.uid = (uint32_t)plan_int(env, p, "uid");
+  plan.gid = (uint32_t)plan_int(env, p, "gid");
+  plan.max_open_files = (uint64_t)plan_int(env, p, "max_open_files");
+  plan.securebits = (uint64_t)plan_int(env, p, "secure_bits");
+  plan.die_with_parent = 1;
+  plan.parent_sock = -1;
+  plan.stdio[0] = -1;
+  plan.stdio[1] = fds[1];
+  plan.stdio[2] = fds[2];
+  plan.channel = fds[0];
+  /* The event loop's descriptors too: renew_loop makes new ones. */
+  plan.close_rest = 1;
+  plan.before_lock = renew_loop;
+  plan.before_lock_arg = loop;
+  plan.seccomp = program;
+  plan.seccomp_len = (uint32_t)(bytes / sizeof(struct sock_filter));
+  struct skiff_failure failed = {0, 0, 0};
+  int keep = skiff_enter(&plan, &failed);
+  if (keep < 0) {
+    failed_step(NULL, &plan, &failed, text, sizeof text);
+    napi_throw_error(env, NULL, text);
+    return NULL;
+  }
   return number(env, keep);
-failed:
-  snprintf(text, sizeof text, "%s: %s", step, errno ? strerror(errno) : "bad plan");
-  napi_throw_error(env, NULL, text);
-  return NULL;
 }
 
 static napi_value spare(napi_env env, napi_callback_info info) {

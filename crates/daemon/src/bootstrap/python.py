@@ -363,22 +363,23 @@ def forked(fds, spec, concurrency):
     run(spec, concurrency)
 
 
-def template():
+def template(entry_path):
     """The zygote: an interpreter with this bootstrap loaded, as root in the host's
     namespaces. For each request on the control socket (fd 0) it clones a spare child
     into new namespaces and hands the daemon its pidfd and plan socket; the child takes
-    the plan the daemon sends (JSON, the descriptors beside it), joins its cgroup, builds
-    its sandbox as skiff's native spawner does, and becomes an instance, skipping the
+    the plan the daemon sends (JSON, the descriptors beside it) and builds its sandbox
+    with skiff's sandbox entry (the shared object at entry_path, the native spawner's own
+    code: crates/sandbox/src/entry.c), then becomes an instance, skipping the
     interpreter's start."""
     # The template runs in its runtime layer's tree, as a sandbox (see View in
     # crates/sandbox/src/template.rs): what it imports has the paths an instance's has.
-    import ctypes, importlib, resource, socket, threading, traceback
+    import ctypes, importlib, socket, threading, traceback
 
     libc = ctypes.CDLL(None, use_errno=True)
     # clone3 through PyDLL: the GIL stays held, so the child's copy of it is consistent.
     raw = ctypes.PyDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    entry = ctypes.CDLL(entry_path)
     control = socket.socket(fileno=os.dup(0))
     attach_null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(attach_null, 0)
@@ -390,110 +391,72 @@ def template():
             raise OSError(e, f"{what}: {os.strerror(e)}")
         return result
 
-    def mount(src, dst, fstype, flags, data=None):
-        enc = lambda s: s.encode() if isinstance(s, str) else s
-        return libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data))
+    # The entry's structs (crates/sandbox/src/entry.h).
+    C, I, U, U64, V = ctypes.c_char_p, ctypes.c_int32, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
+    Names = ctypes.POINTER(C)
 
-    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-    MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
-    ENOENT = 2
+    class Prep(ctypes.Structure):
+        _fields_ = [("masked_files", Names), ("masked_dirs", Names), ("readonly", Names),
+                    ("mask_options", C), ("last_cap", U), ("leave_chroot", I)]
 
-    def prepare(prep):
-        """In a spare, before its plan: the steps every start shares (see Preparation in
-        crates/sandbox/src/template.rs): a private mount tree, a fresh /proc at /proc with
-        runc's masks (moved under the root by enter), an empty bounding set."""
-        nsdx = MS_NOSUID | MS_NODEV | MS_NOEXEC
-        check(mount(None, "/", None, MS_REC | MS_PRIVATE), "make / private")
-        check(mount("proc", "/proc", "proc", nsdx), "mount /proc")
-        for name in prep["masked_files"]:
-            if mount("/dev/null", f"/proc/{name}", None, MS_BIND) < 0 and ctypes.get_errno() != ENOENT:
-                check(-1, f"mask /proc/{name}")
-        for name in prep["masked_dirs"]:
-            if mount("tmpfs", f"/proc/{name}", "tmpfs", MS_RDONLY | nsdx, prep["mask_options"]) < 0 \
-                    and ctypes.get_errno() != ENOENT:
-                check(-1, f"mask /proc/{name}")
-        for name in prep["readonly"]:
-            path = f"/proc/{name}"
-            if mount(path, path, None, MS_BIND) < 0:
-                if ctypes.get_errno() == ENOENT:
-                    continue
-                check(-1, f"bind /proc/{name}")
-            check(mount(path, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | nsdx), f"remount /proc/{name}")
-        for cap in range(prep["last_cap"] + 1):
-            check(libc.prctl(24, ctypes.c_ulong(cap)), "drop bounding capabilities")  # PR_CAPBSET_DROP
+    class Plan(ctypes.Structure):
+        _fields_ = [("root", C), ("dev_template", C), ("shm_options", C), ("tmp_options", C),
+                    ("tmpfs", Names), ("work", C), ("hostname", C), ("cwd", C),
+                    ("joins", ctypes.POINTER(I)), ("n_joins", U), ("cgroup", I), ("netns", I),
+                    ("user_ns_sock", I), ("uid", U), ("gid", U), ("max_open_files", U64),
+                    ("securebits", U64), ("die_with_parent", I), ("parent_sock", I),
+                    ("stdio", I * 3), ("channel", I), ("close_rest", I), ("before_lock", V),
+                    ("before_lock_arg", V), ("seccomp", C), ("seccomp_len", U)]
 
-    def leave_view():
-        """In a spare: out of the template's chroot, to the mount tree's root, where the
-        plan's host paths are. A chroot into /tmp leaves the working directory outside the
-        root, and from there .. climbs to the real one."""
-        os.chroot("/tmp")
-        while (lambda h, u: (h.st_dev, h.st_ino) != (u.st_dev, u.st_ino))(os.stat("."), os.stat("..")):
-            os.chdir("..")
-        os.chroot(".")
+    class Failure(ctypes.Structure):
+        _fields_ = [("stage", I), ("index", I), ("error", I)]
+
+    entry.skiff_plan_size.restype = ctypes.c_size_t
+    entry.skiff_describe.argtypes = [V, V, V, C, ctypes.c_size_t]
+    if entry.skiff_plan_size() != ctypes.sizeof(Plan):
+        raise SystemExit(f"{entry_path}: its struct skiff_plan is not this bootstrap's")
+
+    def failed_step(failure, prep=None, plan=None):
+        """OSError("what: reason") for a failed step of the entry."""
+        text = ctypes.create_string_buffer(512)
+        entry.skiff_describe(prep, plan, ctypes.byref(failure), text, len(text))
+        reason = os.strerror(failure.error) if failure.error else "bad plan"
+        return OSError(failure.error, f"{text.value.decode()}: {reason}")
+
+    def names(items):
+        return (C * (len(items) + 1))(*(n.encode() for n in items), None)
+
+    def prepared(prep):
+        """The daemon's `prepare` as the entry's skiff_prep, made once."""
+        return Prep(names(prep["masked_files"]), names(prep["masked_dirs"]), names(prep["readonly"]),
+                    prep["mask_options"].encode(), prep["last_cap"], 1)
 
     def enter(plan, fds):
-        """In the child: the steps of skiff's spawner (crates/sandbox/src/child.rs)."""
+        """In the child: the sandbox the plan describes, by the sandbox entry; returns the
+        channel's descriptor."""
         it = iter(fds[3:])
-        clone_into = next(it) if plan["clone_into"] else None
+        clone_into = next(it) if plan["clone_into"] else -1
         joins = [next(it) for _ in range(plan["joins"])]
-        netns = next(it) if plan["netns"] else None
-        # The child was forked ahead, before its cgroup was known: it moves itself.
-        if clone_into is not None:
-            procs = os.open("cgroup.procs", os.O_WRONLY, dir_fd=clone_into)
-            os.write(procs, b"0")
-            os.close(procs)
-        for fd in joins:
-            os.write(fd, b"0")
-        check(libc.unshare(0x02000000), "unshare cgroup namespace")  # CLONE_NEWCGROUP
-        if netns is not None:
-            check(libc.setns(netns, 0x40000000), "join the network namespace")
-        root = plan["rootfs"]
-        nsd, nsdx = MS_NOSUID | MS_NODEV, MS_NOSUID | MS_NODEV | MS_NOEXEC
-        check(mount(root, root, None, MS_BIND), "bind the root")
-        check(mount(root, root, None, MS_BIND | MS_REMOUNT | MS_RDONLY | nsd), "remount the root read-only")
-        check(mount("/proc", root + "/proc", None, MS_MOVE), "move /proc under the root")
-        check(mount(plan["dev_template"], root + "/dev", None, MS_BIND | MS_REC), "bind /dev")
-        check(mount("tmpfs", root + "/dev/shm", "tmpfs", nsdx, plan["shm_options"]), "mount /dev/shm")
-        check(mount("tmpfs", root + "/tmp", "tmpfs", nsd, plan["tmp_options"]), "mount /tmp")
-        os.chdir(root)
-        check(libc.syscall(155, b".", b"."), "pivot_root")  # SYS_pivot_root
-        check(libc.umount2(b".", 2), "detach the old root")  # MNT_DETACH
-        os.chdir("/")
-        host = plan["hostname"].encode()
-        check(libc.sethostname(host, len(host)), "sethostname")
-        nofile = plan["max_open_files"]
-        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        os.setgroups([])
-        check(libc.prctl(28, ctypes.c_ulong(plan["secure_bits"])), "securebits")  # PR_SET_SECUREBITS
-        check(libc.prctl(47, ctypes.c_ulong(4), 0, 0, 0), "clear ambient capabilities")  # PR_CAP_AMBIENT_CLEAR_ALL
-        os.setresgid(plan["gid"], plan["gid"], plan["gid"])
-        os.setresuid(plan["uid"], plan["uid"], plan["uid"])
-        header = (ctypes.c_uint32 * 2)(0x20080522, 0)
-        data = (ctypes.c_uint32 * 6)()
-        check(libc.syscall(126, header, data), "capset")  # SYS_capset
-        os.chdir(plan["cwd"])
-        check(libc.prctl(1, ctypes.c_ulong(9)), "parent-death signal")  # PR_SET_PDEATHSIG SIGKILL
-        # Descriptors: the channel and the log pipe, nothing else of the zygote's.
-        channel, log_out, log_err = fds[0], fds[1], fds[2]
-        os.dup2(log_out, 1)
-        os.dup2(log_err, 2)
-        keep = os.dup(channel)
-        os.closerange(3, keep)
-        os.closerange(keep + 1, 1 << 16)
+        netns = next(it) if plan["netns"] else -1
+        program = bytes.fromhex(plan["seccomp"])
+        c = Plan(
+            root=plan["rootfs"].encode(), dev_template=plan["dev_template"].encode(),
+            shm_options=plan["shm_options"].encode(), tmp_options=plan["tmp_options"].encode(),
+            hostname=plan["hostname"].encode(), cwd=plan["cwd"].encode(),
+            joins=(I * len(joins))(*joins), n_joins=len(joins), cgroup=clone_into, netns=netns,
+            user_ns_sock=-1, uid=plan["uid"], gid=plan["gid"], max_open_files=plan["max_open_files"],
+            securebits=plan["secure_bits"], die_with_parent=1, parent_sock=-1,
+            # The channel kept, the log pipe as stdout and stderr, nothing else of the zygote's.
+            stdio=(I * 3)(-1, fds[1], fds[2]), channel=fds[0], close_rest=1,
+            seccomp=program, seccomp_len=len(program) // 8)
+        failure = Failure()
+        keep = entry.skiff_enter(ctypes.byref(c), ctypes.byref(failure))
+        if keep < 0:
+            raise failed_step(failure, plan=ctypes.byref(c))
         os.environ.clear()
         for pair in plan["env"]:
             k, _, v = pair.partition("=")
             os.environ[k] = v
-        check(libc.prctl(38, 1, 0, 0, 0), "no_new_privs")  # PR_SET_NO_NEW_PRIVS
-        program = bytes.fromhex(plan["seccomp"])
-        buf = ctypes.create_string_buffer(program, len(program))
-
-        class Prog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-        prog = Prog(len(program) // 8, ctypes.addressof(buf))
-        check(libc.syscall(317, 1, 0, ctypes.byref(prog)), "seccomp")  # SECCOMP_SET_MODE_FILTER
         return keep
 
     def become(plan_bytes, fds, unprepared):
@@ -527,13 +490,13 @@ def template():
         encode(None), encode("ok"), encode({"a": [1]}), encode({"statusCode": 200, "body": "x"})
         json_dumps({"t": "result", "id": 1, "status": 200, "headers": {}}, (",", ":"))
         bytes.fromhex("00" * 64)
-        for f in (libc.mount, libc.prctl, libc.syscall, libc.unshare, libc.umount2, libc.sethostname):
-            f.argtypes
+        Plan(root=b"/", stdio=(ctypes.c_int32 * 3)(-1, 1, 2), seccomp=b"\0" * 8), Failure()
+        entry.skiff_enter, entry.skiff_describe
 
     # The pages an instance's start touched, learnt by the daemon from one of them: each
     # spare populates them while it waits.
     lesson = b""
-    # The steps of a start that need no plan, the daemon's `prepare`.
+    # The steps of a start that need no plan, the daemon's `prepare`, as a skiff_prep.
     preparation = None
 
     def populate():
@@ -567,12 +530,9 @@ def template():
             ours.close()
             control.close()
             unprepared = None if preparation else "the template was not prepared"
-            try:
-                leave_view()
-                if preparation:
-                    prepare(preparation)
-            except Exception as e:
-                unprepared = str(e) or repr(e)
+            failure = Failure()
+            if preparation and entry.skiff_prepare(ctypes.byref(preparation), ctypes.byref(failure)) < 0:
+                unprepared = str(failed_step(failure, prep=ctypes.byref(preparation)))
             rehearse()
             populate()
             msg, fds, _, _ = socket.recv_fds(theirs, 1 << 20, 16)
@@ -596,7 +556,7 @@ def template():
             lesson = request[5:]
             continue
         if request.startswith(b"prepare"):
-            preparation = json_loads(request[7:])
+            preparation = prepared(json_loads(request[7:]))
             continue
         if request == b"next":
             # After a start: leave it the CPU for a while, unless a spare is wanted now.
@@ -613,7 +573,7 @@ def template():
 
 
 if sys.argv[1] == "--template":
-    template()
+    template(sys.argv[2])
 elif sys.argv[3:] == ["--function-template"]:
     attach(os.dup(0))
     function_template(sys.argv[1], int(sys.argv[2]))
