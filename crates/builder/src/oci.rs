@@ -52,8 +52,7 @@ pub fn import(store: &Store, image: &Path, name: &str) -> Result<(String, PathBu
     };
     let mut tree: BTreeMap<String, Entry> = BTreeMap::new();
     for layer in &layers {
-        apply(store, layer, &mut tree)
-            .with_context(|| format!("layer {}", layer.name))?;
+        apply(store, layer, &mut tree).with_context(|| format!("layer {}", layer.name))?;
     }
     for dir in ["proc", "dev", "tmp"] {
         tree.entry(dir.to_owned()).or_insert(Entry::Dir {

@@ -171,7 +171,9 @@ fn relative(raw: &str, limits: &Limits) -> Result<PathBuf> {
     for component in Path::new(raw).components() {
         match component {
             Component::Normal(name) if name.len() <= NAME_MAX => rel.push(name),
-            Component::Normal(_) => bail!("entry {raw}: a name in its path is longer than {NAME_MAX} bytes"),
+            Component::Normal(_) => {
+                bail!("entry {raw}: a name in its path is longer than {NAME_MAX} bytes")
+            }
             Component::CurDir => {}
             Component::ParentDir => bail!("entry {raw} climbs out of the archive with .."),
             Component::RootDir | Component::Prefix(_) => {
@@ -188,7 +190,8 @@ fn below_symlink(dest: &Path, rel: &Path) -> bool {
     let parents: Vec<_> = rel.components().collect();
     parents[..parents.len().saturating_sub(1)].iter().any(|c| {
         at.push(c);
-        at.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink())
+        at.symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
     })
 }
 

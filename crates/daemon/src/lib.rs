@@ -124,10 +124,7 @@ fn too_large(limit: Limit) -> ApiError {
 fn body_stalled() -> ApiError {
     ApiError(
         StatusCode::REQUEST_TIMEOUT,
-        format!(
-            "no byte of the body arrived for {} s",
-            BODY_IDLE.as_secs()
-        ),
+        format!("no byte of the body arrived for {} s", BODY_IDLE.as_secs()),
     )
 }
 
@@ -162,7 +159,11 @@ struct BodyStalled;
 
 impl std::fmt::Display for BodyStalled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "no byte of the body arrived for {} s", BODY_IDLE.as_secs())
+        write!(
+            f,
+            "no byte of the body arrived for {} s",
+            BODY_IDLE.as_secs()
+        )
     }
 }
 
@@ -579,7 +580,10 @@ async fn spool(body: Body, path: &std::path::Path) -> Result<(), ApiError> {
             if is_stalled(&e) {
                 body_stalled()
             } else {
-                ApiError(StatusCode::BAD_REQUEST, format!("the body was cut off: {e}"))
+                ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!("the body was cut off: {e}"),
+                )
             }
         })?;
         written += chunk.len();
@@ -615,10 +619,7 @@ fn tar_host_dir(dir: &std::path::Path, out: &std::path::Path) -> Result<(), ApiE
 }
 
 /// Unpacks the deploy's archive into its scratch directory; returns its manifest.
-fn unpack(
-    e: &Engine,
-    scratch: &registry::Scratch,
-) -> Result<skiff_manifest::Manifest, ApiError> {
+fn unpack(e: &Engine, scratch: &registry::Scratch) -> Result<skiff_manifest::Manifest, ApiError> {
     use std::os::unix::fs::OpenOptionsExt;
     let bad = |message: String| ApiError(StatusCode::BAD_REQUEST, message);
     skiff_builder::unpack::unpack(
