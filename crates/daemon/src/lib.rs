@@ -629,7 +629,7 @@ fn unpack(e: &Engine, scratch: &registry::Scratch) -> Result<skiff_manifest::Man
     )
     .map_err(|err| {
         bad(format!(
-            "the body is not a usable tar of the function's directory: {}",
+            "the body is not a tar of the function's directory: {}",
             hide_paths(e, &scratch.dir, &format!("{err:#}"))
         ))
     })?;
