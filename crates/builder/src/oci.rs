@@ -75,26 +75,29 @@ fn blob(dir: &Path, digest: &str) -> Result<PathBuf> {
 }
 
 /// The file at `rel` in the image directory: refused when the path climbs out, is
-/// absolute, or goes through a symlink (which could lead anywhere on the host).
+/// absolute, or resolves (through a symlink) to anything outside the image.
 fn inside_image(dir: &Path, rel: &str) -> Result<PathBuf> {
-    let mut path = dir.to_path_buf();
-    for component in Path::new(rel).components() {
-        match component {
-            std::path::Component::Normal(name) => path.push(name),
-            std::path::Component::CurDir => continue,
-            _ => bail!("{rel} leads out of the image"),
-        }
-        let meta = path
-            .symlink_metadata()
-            .with_context(|| format!("the image has no {rel}"))?;
-        if meta.file_type().is_symlink() {
-            bail!("{rel} is a symlink in the image; layers must be files");
-        }
+    let out = || anyhow::anyhow!("{rel} leads out of the image");
+    let plain = Path::new(rel).components().all(|c| {
+        matches!(
+            c,
+            std::path::Component::Normal(_) | std::path::Component::CurDir
+        )
+    });
+    if !plain {
+        return Err(out());
     }
-    if !path.is_file() {
+    let path = dir.join(rel);
+    let resolved = path
+        .canonicalize()
+        .with_context(|| format!("the image has no {rel}"))?;
+    if !resolved.starts_with(dir.canonicalize()?) {
+        return Err(out());
+    }
+    if !resolved.is_file() {
         bail!("{rel} is not a file in the image");
     }
-    Ok(path)
+    Ok(resolved)
 }
 
 fn oci_layers(dir: &Path) -> Result<Vec<Layer>> {

@@ -608,9 +608,9 @@ fn hostile_images_are_refused_and_touch_nothing_outside() {
     };
     let cases: Vec<(&str, PathBuf, &str)> = vec![
         (
-            "a symlinked layer blob",
+            "a layer blob that is a symlink out",
             layout.clone(),
-            "is a symlink in the image",
+            "leads out of the image",
         ),
         (
             "a layer path that climbs out",
