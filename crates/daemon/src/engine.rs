@@ -342,6 +342,11 @@ impl Engine {
             self.invoke_instance(fp, request, record, None).await
         };
         self.metrics.inflight.fetch_sub(1, Ordering::Relaxed);
+        if record.status == Status::Queued && fp.is_retired() {
+            // An async call whose version was replaced before it started: it stays
+            // queued, for the caller to run on the new version.
+            return response;
+        }
         record.duration_ms = began.elapsed().as_secs_f64() * 1e3;
         record.end = Some(crate::invocations::now_rfc3339());
         record.http_status = Some(response.status);

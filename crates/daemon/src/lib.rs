@@ -548,6 +548,7 @@ async fn deploy(
         if let Err(message) = fp.prewarm(&e).await {
             fp.retire();
             e.fn_templates.forget_version(&f.name, &f.env);
+            let message = hide_paths(&e, &scratch.dir, &message);
             return Err(ApiError(StatusCode::BAD_REQUEST, message));
         }
     }
@@ -1012,23 +1013,33 @@ fn resume_async(e: &Arc<Engine>, mut record: Record, stored: StoredRequest) {
                 .decode(&stored.body_base64)
                 .unwrap_or_default(),
         };
-        let response = match e.function(&record.function) {
-            // Queued until it has its instance or sandbox (the engine marks it running
-            // then); one a previous daemon was running starts over.
-            Some(fp) => {
-                record.status = Status::Queued;
-                e.invoke(&fp, &request, &mut record).await
-            }
-            None => {
-                record.status = Status::Failed;
-                record.error = Some("the function was removed before it ran".into());
-                record.http_status = Some(404);
-                record.end = Some(invocations::now_rfc3339());
-                engine::Response {
-                    status: 404,
-                    headers: BTreeMap::new(),
-                    body: Vec::new(),
-                    error: record.error.clone(),
+        // Queued until it has its instance or sandbox (the engine marks it running
+        // then); one a previous daemon was running starts over.
+        record.status = Status::Queued;
+        let mut tried: Option<Arc<FnPool>> = None;
+        let response = loop {
+            match e.function(&record.function) {
+                // A version that could not start it is being replaced (or the daemon
+                // stops, and the call waits on disk for the next one).
+                Some(fp) if tried.as_ref().is_some_and(|t| Arc::ptr_eq(t, &fp)) => return,
+                Some(fp) => {
+                    let response = e.invoke(&fp, &request, &mut record).await;
+                    if record.status != Status::Queued {
+                        break response;
+                    }
+                    tried = Some(fp);
+                }
+                None => {
+                    record.status = Status::Failed;
+                    record.error = Some("the function was removed before it ran".into());
+                    record.http_status = Some(404);
+                    record.end = Some(invocations::now_rfc3339());
+                    break engine::Response {
+                        status: 404,
+                        headers: BTreeMap::new(),
+                        body: Vec::new(),
+                        error: record.error.clone(),
+                    };
                 }
             }
         };

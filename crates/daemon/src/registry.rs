@@ -159,12 +159,10 @@ impl Registry {
 
     /// The lock that deploys and removals of `name` hold.
     pub fn lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.locks
-            .lock()
-            .unwrap()
-            .entry(name.to_owned())
-            .or_default()
-            .clone()
+        let mut locks = self.locks.lock().unwrap();
+        // Those nobody holds go: names that are tried once do not pile up.
+        locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        locks.entry(name.to_owned()).or_default().clone()
     }
 
     pub fn source_dir(&self, name: &str) -> std::io::Result<PathBuf> {

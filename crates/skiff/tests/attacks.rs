@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::daemon::{assert_nothing_left, http, wait_for, Daemon, Response};
+use common::daemon::{assert_nothing_left, deploy, http, wait_for, Daemon, Response};
 use common::{stderr, stdout, Data};
 
 /// What the daemon allows a request's head, and a body between two bytes.
@@ -841,6 +841,35 @@ fn async_calls_past_a_full_queue_all_run_and_their_records_tell_the_truth() {
     }
     assert_eq!(records[9]["status"], "failed", "{}", records[9]);
     assert_eq!(records[9]["http_status"], 502, "{}", records[9]);
+
+    // Calls waiting when their function is redeployed run on the new version.
+    deploy(&daemon, &data, "py-queue");
+    let ids: Vec<String> = (0..4)
+        .map(|_| {
+            let r = daemon.request("POST", "/async/py-queue", &[], b"");
+            assert_eq!(r.status, 202, "{}", r.text());
+            r.json()["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    deploy(&daemon, &data, "py-queue");
+    let mut instances = std::collections::BTreeSet::new();
+    for id in &ids {
+        let record = wait_for(
+            "a redeployed function's async call",
+            Duration::from_secs(60),
+            || {
+                let record = daemon.get(&format!("/v1/invocations/{id}")).json();
+                (record["status"] != "queued" && record["status"] != "running").then_some(record)
+            },
+        );
+        assert_eq!(record["status"], "succeeded", "{record}");
+        assert_eq!(record["result"], "slept", "{record}");
+        instances.insert(record["instance"].as_str().unwrap().to_owned());
+    }
+    assert!(
+        instances.len() >= 2,
+        "no call ran on the new version: {instances:?}"
+    );
     daemon.stop_within(Duration::from_secs(15));
     assert_nothing_left(&data);
 }
