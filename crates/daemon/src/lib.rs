@@ -222,6 +222,9 @@ async fn guard_body(request: Request, next: Next) -> Response {
     if declared.is_some_and(|n| n > limit.bytes as u64) {
         return too_large(limit).into_response();
     }
+    if axum::body::HttpBody::is_end_stream(request.body()) {
+        return next.run(request).await;
+    }
     let request = request.map(|inner| {
         Body::new(IdleBody {
             inner,
