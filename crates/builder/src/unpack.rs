@@ -273,3 +273,49 @@ fn refused(e: &io::Error, limits: &Limits) -> anyhow::Error {
         anyhow::anyhow!("the archive cannot be read: {e}")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symlinks_are_read_as_paths_from_where_they_are() {
+        let inside = [
+            ("a", "b"),
+            ("d/a", "../b"),
+            ("d/e/a", "../../b/./c"),
+            ("a", "."),
+        ];
+        for (at, target) in inside {
+            assert!(stays_inside(Path::new(at), target), "{at} -> {target}");
+        }
+        let outside = [
+            ("a", ".."),
+            ("d/a", "../.."),
+            ("a", "/etc"),
+            ("a", ""),
+            ("a", "b/../../c"),
+        ];
+        for (at, target) in outside {
+            assert!(!stays_inside(Path::new(at), target), "{at} -> {target}");
+        }
+    }
+
+    #[test]
+    fn entry_paths_never_leave_the_destination() {
+        assert_eq!(
+            relative("./a/./b/", &FUNCTION_LIMITS).unwrap(),
+            Path::new("a/b")
+        );
+        assert_eq!(relative("./", &FUNCTION_LIMITS).unwrap(), Path::new(""));
+        for bad in [
+            "../a",
+            "a/../../b",
+            "/etc/passwd",
+            &"a/".repeat(600),
+            &"n".repeat(256),
+        ] {
+            assert!(relative(bad, &FUNCTION_LIMITS).is_err(), "{bad}");
+        }
+    }
+}

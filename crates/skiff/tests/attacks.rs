@@ -159,8 +159,15 @@ fn names_and_ids_that_climb_out_are_refused_on_every_route() {
     let victims = Victims::new("names");
     let before = victims.snapshot();
     let daemon = Daemon::start(&data);
+    // A function of the daemon's own, which a name climbing to it must not reach either.
+    let r = daemon.request("POST", "/v1/functions", &[], &sleeper());
+    assert_eq!(r.status, 201, "{}", r.text());
     let raw = victims.traversal("victim");
     let encodings = [
+        "..%2ffunctions%2fsleeper".into(),
+        "..%2flogs%2fsleeper".into(),
+        "..%2f..%2ffunctions%2fsleeper".into(),
+        "%2e%2e%2ffunctions%2fsleeper".into(),
         raw.replace('/', "%2f"),
         raw.replace('/', "%2F"),
         raw.replace('/', "%2f").replace('.', "%2e"),
@@ -221,6 +228,13 @@ fn names_and_ids_that_climb_out_are_refused_on_every_route() {
     }
     assert!(tried > 200);
     assert_eq!(victims.snapshot(), before, "a victim was touched");
+    assert_eq!(
+        daemon.get("/v1/functions/sleeper").status,
+        200,
+        "the function is gone"
+    );
+    let r = daemon.request("POST", "/fn/sleeper", &[], b"");
+    assert_eq!((r.status, r.text().as_str()), (200, "done"));
     assert_eq!(daemon.get("/healthz").status, 200);
     daemon.stop_within(Duration::from_secs(15));
     assert_nothing_left(&data);
