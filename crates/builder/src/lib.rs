@@ -8,6 +8,7 @@
 
 pub mod oci;
 mod packages;
+pub mod unpack;
 
 use std::path::{Path, PathBuf};
 

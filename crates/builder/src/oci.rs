@@ -1,6 +1,9 @@
 //! Importing an OCI image (an OCI layout directory, an OCI archive or a `docker save`
 //! tarball) into the store: layers applied in order, whiteouts honoured, every file a
-//! store object shared with whatever else has the same bytes.
+//! store object shared with whatever else has the same bytes. An image is someone
+//! else's input: its archive is unpacked as a deploy's is ([`crate::unpack`]), a blob
+//! or layer path never leads out of the image (no `..`, no symlink), and no layer entry
+//! climbs with `..` or lands below a symlink of the tree.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -11,11 +14,19 @@ use anyhow::{bail, Context, Result};
 use oci_spec::image::{ImageIndex, ImageManifest, MediaType};
 use skiff_store::{Entry, Store};
 
-/// A layer file and whether it is gzip-compressed.
+/// A layer file, its name in the image, and whether it is gzip-compressed.
 struct Layer {
     path: PathBuf,
+    name: String,
     gzip: bool,
 }
+
+/// An image archive's limits: images are larger than functions.
+const IMAGE_LIMITS: crate::unpack::Limits = crate::unpack::Limits {
+    bytes: 64 << 30,
+    entries: 100_000,
+    path: 4096,
+};
 
 /// Imports `image` as the environment `name`; returns (id, root).
 pub fn import(store: &Store, image: &Path, name: &str) -> Result<(String, PathBuf)> {
@@ -25,10 +36,8 @@ pub fn import(store: &Store, image: &Path, name: &str) -> Result<(String, PathBu
     } else {
         // An archive (OCI or docker save): unpack its blobs to a scratch directory.
         scratch = crate::packages::Scratch::new()?;
-        let file = File::open(image).with_context(|| format!("cannot open {}", image.display()))?;
-        tar::Archive::new(file)
-            .unpack(&scratch.0)
-            .with_context(|| format!("{} is not a tar archive", image.display()))?;
+        crate::unpack::unpack(image, &scratch.0, &IMAGE_LIMITS)
+            .with_context(|| format!("{} is not a usable tar archive", image.display()))?;
         scratch.0.clone()
     };
     let layers = if dir.join("index.json").exists() {
@@ -43,8 +52,7 @@ pub fn import(store: &Store, image: &Path, name: &str) -> Result<(String, PathBu
     };
     let mut tree: BTreeMap<String, Entry> = BTreeMap::new();
     for layer in &layers {
-        apply(store, layer, &mut tree)
-            .with_context(|| format!("layer {}", layer.path.display()))?;
+        apply(store, layer, &mut tree).with_context(|| format!("layer {}", layer.name))?;
     }
     for dir in ["proc", "dev", "tmp"] {
         tree.entry(dir.to_owned()).or_insert(Entry::Dir {
@@ -59,7 +67,37 @@ pub fn import(store: &Store, image: &Path, name: &str) -> Result<(String, PathBu
 
 fn blob(dir: &Path, digest: &str) -> Result<PathBuf> {
     let (algorithm, hex) = digest.split_once(':').context("malformed digest")?;
-    Ok(dir.join("blobs").join(algorithm).join(hex))
+    let plain = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric());
+    if !plain(algorithm) || !plain(hex) {
+        bail!("malformed digest {digest:?}");
+    }
+    inside_image(dir, &format!("blobs/{algorithm}/{hex}"))
+}
+
+/// The file at `rel` in the image directory: refused when the path climbs out, is
+/// absolute, or resolves (through a symlink) to anything outside the image.
+fn inside_image(dir: &Path, rel: &str) -> Result<PathBuf> {
+    let out = || anyhow::anyhow!("{rel} leads out of the image");
+    let plain = Path::new(rel).components().all(|c| {
+        matches!(
+            c,
+            std::path::Component::Normal(_) | std::path::Component::CurDir
+        )
+    });
+    if !plain {
+        return Err(out());
+    }
+    let path = dir.join(rel);
+    let resolved = path
+        .canonicalize()
+        .with_context(|| format!("the image has no {rel}"))?;
+    if !resolved.starts_with(dir.canonicalize()?) {
+        return Err(out());
+    }
+    if !resolved.is_file() {
+        bail!("{rel} is not a file in the image");
+    }
+    Ok(resolved)
 }
 
 fn oci_layers(dir: &Path) -> Result<Vec<Layer>> {
@@ -92,6 +130,7 @@ fn oci_layers(dir: &Path) -> Result<Vec<Layer>> {
             };
             Ok(Layer {
                 path: blob(dir, l.digest().as_ref())?,
+                name: l.digest().to_string(),
                 gzip,
             })
         })
@@ -107,11 +146,13 @@ fn docker_layers(dir: &Path) -> Result<Vec<Layer>> {
     layers
         .iter()
         .map(|l| {
-            let path = dir.join(l.as_str().context("a layer path is not a string")?);
+            let name = l.as_str().context("a layer path is not a string")?;
+            let path = inside_image(dir, name)?;
             let mut magic = [0u8; 2];
             File::open(&path)?.read_exact(&mut magic)?;
             Ok(Layer {
                 gzip: magic == [0x1f, 0x8b],
+                name: name.to_owned(),
                 path,
             })
         })
@@ -130,7 +171,7 @@ fn apply(store: &Store, layer: &Layer, tree: &mut BTreeMap<String, Entry>) -> Re
     for item in archive.entries()? {
         let mut item = item?;
         let raw = item.path()?.to_string_lossy().into_owned();
-        let path = clean(&raw);
+        let path = clean(&raw)?;
         if path.is_empty() {
             continue;
         }
@@ -140,10 +181,13 @@ fn apply(store: &Store, layer: &Layer, tree: &mut BTreeMap<String, Entry>) -> Re
         if base == ".wh..wh..opq" {
             // Opaque directory: drop what lower layers put inside it.
             let prefix = format!("{parent}/");
-            tree.retain(|p, _| !p.starts_with(&prefix));
+            tree.retain(|p, _| !parent.is_empty() && !p.starts_with(&prefix));
             continue;
         }
         if let Some(hidden) = base.strip_prefix(".wh.") {
+            if matches!(hidden, "" | "." | "..") {
+                bail!("whiteout {raw} names no entry of the layer's tree");
+            }
             let target = if parent.is_empty() {
                 hidden.to_owned()
             } else {
@@ -152,6 +196,15 @@ fn apply(store: &Store, layer: &Layer, tree: &mut BTreeMap<String, Entry>) -> Re
             let prefix = format!("{target}/");
             tree.retain(|p, _| p != &target && !p.starts_with(&prefix));
             continue;
+        }
+        // The store makes the tree on the host: an entry below a symlink would be
+        // written wherever the symlink leads.
+        let mut above = path.as_str();
+        while let Some((up, _)) = above.rsplit_once('/') {
+            if matches!(tree.get(up), Some(Entry::Symlink { .. })) {
+                bail!("layer entry {raw} is below the symlink {up}");
+            }
+            above = up;
         }
         let header = item.header().clone();
         let entry = match header.entry_type() {
@@ -170,7 +223,7 @@ fn apply(store: &Store, layer: &Layer, tree: &mut BTreeMap<String, Entry>) -> Re
                         .link_name()?
                         .context("hard link without target")?
                         .to_string_lossy(),
-                );
+                )?;
                 match tree.get(&target) {
                     Some(Entry::File {
                         digest,
@@ -204,10 +257,15 @@ fn apply(store: &Store, layer: &Layer, tree: &mut BTreeMap<String, Entry>) -> Re
     Ok(())
 }
 
-/// `./usr/bin/` -> `usr/bin`; refuses to climb out with `..`.
-fn clean(raw: &str) -> String {
-    raw.split('/')
-        .filter(|p| !p.is_empty() && *p != "." && *p != "..")
-        .collect::<Vec<_>>()
-        .join("/")
+/// `./usr/bin/` -> `usr/bin` (a leading `/` is the layer's root); refuses to climb
+/// out with `..`.
+fn clean(raw: &str) -> Result<String> {
+    let parts: Vec<&str> = raw
+        .split('/')
+        .filter(|p| !p.is_empty() && *p != ".")
+        .collect();
+    if parts.contains(&"..") {
+        bail!("layer entry {raw} climbs out of the image's root with ..");
+    }
+    Ok(parts.join("/"))
 }

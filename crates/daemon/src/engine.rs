@@ -73,9 +73,16 @@ struct State {
     /// Instances being started: for a caller that will use it, or for the queue.
     starting: usize,
     starting_for_queue: usize,
-    waiters: VecDeque<oneshot::Sender<Result<Lease, String>>>,
+    waiters: VecDeque<Waiter>,
     /// Replaced by a new deploy or removed: instances end as they become idle.
     retired: bool,
+}
+
+/// A request waiting for room on an instance.
+struct Waiter {
+    tx: oneshot::Sender<Result<Lease, String>>,
+    /// An accepted async call: it waits as long as it takes, beyond the queue's bound.
+    patient: bool,
 }
 
 /// A call's hold on one unit of an instance's concurrency, given back when dropped:
@@ -335,11 +342,18 @@ impl Engine {
             self.invoke_instance(fp, request, record, None).await
         };
         self.metrics.inflight.fetch_sub(1, Ordering::Relaxed);
+        if record.status == Status::Queued && fp.is_retired() {
+            // An async call whose version was replaced before it started: it stays
+            // queued, for the caller to run on the new version.
+            return response;
+        }
         record.duration_ms = began.elapsed().as_secs_f64() * 1e3;
         record.end = Some(crate::invocations::now_rfc3339());
         record.http_status = Some(response.status);
         record.error = response.error.clone();
-        record.status = if response.status < 500 {
+        // The function's own answers succeed (a 404 of its own included); the
+        // platform's (a full queue, a crash, a timeout) and the function's errors fail.
+        record.status = if response.error.is_none() && response.status < 500 {
             Status::Succeeded
         } else {
             Status::Failed
@@ -361,12 +375,13 @@ impl Engine {
         export: Option<&str>,
     ) -> Response {
         let waited = Instant::now();
-        let lease = match self.acquire(fp).await {
+        let lease = match self.acquire(fp, record.is_async).await {
             Ok(lease) => lease,
             Err((status, message)) => {
                 return Response::error(status, message);
             }
         };
+        self.started(record);
         let instance = lease.instance();
         if let Some(init) = instance.take_cold_start() {
             record.cold_start = true;
@@ -418,8 +433,27 @@ impl Engine {
         response
     }
 
-    /// A warm instance with room, a new one, or a place in the queue.
-    async fn acquire(self: &Arc<Self>, fp: &Arc<FnPool>) -> Result<Lease, (u16, String)> {
+    /// An accepted async call got its instance or sandbox: its record says it runs.
+    fn started(&self, record: &mut Record) {
+        if record.is_async {
+            record.status = Status::Running;
+            if let Err(err) = self.invocations.put(record, None) {
+                eprintln!(
+                    "skiff: warning: cannot store invocation {}: {err}",
+                    record.id
+                );
+            }
+        }
+    }
+
+    /// A warm instance with room, a new one, or a place in the queue. A `patient`
+    /// caller (an accepted async call) is never refused for a full queue and waits as
+    /// long as it takes.
+    async fn acquire(
+        self: &Arc<Self>,
+        fp: &Arc<FnPool>,
+        patient: bool,
+    ) -> Result<Lease, (u16, String)> {
         let queue_wait = Duration::from_millis(fp.function.timeout_ms);
         loop {
             let waiter = {
@@ -434,9 +468,12 @@ impl Engine {
                 if fp.may_start(&st) && st.waiters.len() >= fp.room_coming(&st) {
                     st.starting += 1;
                     None
-                } else if st.waiters.len() < fp.function.scale.queue as usize {
+                } else if patient
+                    || st.waiters.iter().filter(|w| !w.patient).count()
+                        < fp.function.scale.queue as usize
+                {
                     let (tx, rx) = oneshot::channel();
-                    st.waiters.push_back(tx);
+                    st.waiters.push_back(Waiter { tx, patient });
                     Some(rx)
                 } else {
                     return Err((
@@ -466,7 +503,12 @@ impl Engine {
                     Err(_) => Err((500, "the instance's start was abandoned".into())),
                 };
             };
-            match tokio::time::timeout(queue_wait, rx).await {
+            let waited = if patient {
+                Ok(rx.await)
+            } else {
+                tokio::time::timeout(queue_wait, rx).await
+            };
+            match waited {
                 Ok(Ok(Ok(lease))) => return Ok(lease),
                 Ok(Ok(Err(message))) => return Err((502, message)),
                 // The queue was dropped (a redeploy): look again.
@@ -494,6 +536,11 @@ impl Engine {
         let waited = Instant::now();
         let permit = match fp.binary_slots.clone().try_acquire_owned() {
             Ok(p) => p,
+            // An accepted async call waits for a sandbox as long as it takes.
+            Err(_) if record.is_async => match fp.binary_slots.clone().acquire_owned().await {
+                Ok(p) => p,
+                Err(_) => return Response::error(503, "the function's sandboxes are closed"),
+            },
             Err(_) => {
                 if fp.binary_waiting.fetch_add(1, Ordering::SeqCst)
                     >= fp.function.scale.queue as usize
@@ -519,6 +566,7 @@ impl Engine {
             }
         };
         record.queue_ms = waited.elapsed().as_secs_f64() * 1e3;
+        self.started(record);
         let netns = match fp.function.network {
             Network::None => match self
                 .netns()
@@ -755,7 +803,7 @@ impl FnPool {
                 };
                 if for_queue {
                     if let Some(w) = st.waiters.pop_front() {
-                        let _ = w.send(Err(message.clone()));
+                        let _ = w.tx.send(Err(message.clone()));
                     }
                 }
                 self.dispatch(engine, &mut st);
@@ -782,12 +830,12 @@ impl FnPool {
             let Some(i) = self.pick(st) else { break };
             let waiter = st.waiters.pop_front().expect("not empty");
             i.inflight.fetch_add(1, Ordering::Relaxed);
-            if let Err(Ok(lease)) = waiter.send(Ok(Lease::new(self, engine, i))) {
+            if let Err(Ok(lease)) = waiter.tx.send(Ok(Lease::new(self, engine, i))) {
                 // That request gave up waiting.
                 lease.disarm().inflight.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        st.waiters.retain(|w| !w.is_closed());
+        st.waiters.retain(|w| !w.tx.is_closed());
         while !st.retired && st.waiters.len() > self.room_coming(st) && self.may_start(st) {
             self.start_in_background(engine, st);
         }

@@ -156,7 +156,9 @@ impl Invocations {
             };
             let modified = entry_time(&path);
             if matches!(record.status, Status::Queued | Status::Running) {
-                match std::fs::read(store.request_path(&record.id))
+                match store
+                    .request_path(&record.id)
+                    .and_then(std::fs::read)
                     .ok()
                     .and_then(|b| serde_json::from_slice(&b).ok())
                 {
@@ -176,12 +178,12 @@ impl Invocations {
         Ok((store, unfinished))
     }
 
-    fn record_path(&self, id: &str) -> PathBuf {
-        self.dir.join(format!("{id}.json"))
+    fn record_path(&self, id: &str) -> std::io::Result<PathBuf> {
+        crate::names::inside(&self.dir, id, ".json")
     }
 
-    fn request_path(&self, id: &str) -> PathBuf {
-        self.dir.join(format!("{id}.request"))
+    fn request_path(&self, id: &str) -> std::io::Result<PathBuf> {
+        crate::names::inside(&self.dir, id, ".request")
     }
 
     /// Keeps `record`; async ones reach the disk (fsynced) before this returns, so an
@@ -192,13 +194,13 @@ impl Invocations {
             tokio::task::block_in_place(|| -> std::io::Result<()> {
                 if let Some(request) = request {
                     write_synced(
-                        &self.request_path(&record.id),
+                        &self.request_path(&record.id)?,
                         &serde_json::to_vec(request)?,
                     )?;
                 }
-                write_synced(&self.record_path(&record.id), &serde_json::to_vec(record)?)?;
+                write_synced(&self.record_path(&record.id)?, &serde_json::to_vec(record)?)?;
                 if !matches!(record.status, Status::Queued | Status::Running) {
-                    let _ = std::fs::remove_file(self.request_path(&record.id));
+                    let _ = std::fs::remove_file(self.request_path(&record.id)?);
                 }
                 Ok(())
             })?;
@@ -220,8 +222,9 @@ impl Invocations {
             inner.order.pop_front();
             if let Some(old) = inner.by_id.remove(&id) {
                 if old.is_async {
-                    let _ = std::fs::remove_file(self.record_path(&id));
-                    let _ = std::fs::remove_file(self.request_path(&id));
+                    for path in [self.record_path(&id), self.request_path(&id)] {
+                        let _ = path.and_then(std::fs::remove_file);
+                    }
                 }
             }
         }

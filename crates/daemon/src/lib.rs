@@ -10,26 +10,31 @@ mod invocations;
 mod invoke;
 mod logs;
 mod metrics;
+mod names;
 mod openapi;
 mod protocol;
 mod registry;
 mod sessions;
 mod templates;
 
+pub use registry::remove_scratch;
 pub use sessions::SESSION_HEADER;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path as UrlPath, Query, State};
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, Query, RawPathParams, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, delete, get, post};
 use axum::{Extension, Json, Router};
@@ -42,9 +47,26 @@ use engine::{Engine, FnPool};
 use invocations::{Record, Status, StoredRequest};
 use registry::{Function, Runtime};
 
+/// A body's size limit, named in its 413.
+#[derive(Clone, Copy)]
+struct Limit {
+    bytes: usize,
+    what: &'static str,
+}
+
 /// Largest deploy (a tar of the function's directory) and invocation body.
-const MAX_DEPLOY: usize = 256 << 20;
-const MAX_BODY: usize = 6 << 20;
+const DEPLOY_LIMIT: Limit = Limit {
+    bytes: 256 << 20,
+    what: "a deploy",
+};
+const BODY_LIMIT: Limit = Limit {
+    bytes: 6 << 20,
+    what: "an invocation",
+};
+/// How long a request's head may take to arrive (slowloris), and how long its body may
+/// go without a byte.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+const BODY_IDLE: Duration = Duration::from_secs(10);
 /// Connections waiting to be accepted, per socket (the kernel caps it at somaxconn).
 const ACCEPT_BACKLOG: i32 = 4096;
 
@@ -87,15 +109,148 @@ fn not_found(name: &str) -> ApiError {
     ApiError(StatusCode::NOT_FOUND, format!("no function named {name:?}"))
 }
 
-/// A body that could not be read (too large, cut off) as a JSON error.
+fn too_large(limit: Limit) -> ApiError {
+    ApiError(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "the body is larger than the {} MiB limit of {}",
+            limit.bytes >> 20,
+            limit.what
+        ),
+    )
+}
+
+/// A body that stalled: 408, and the connection closes (its body was not read to end).
+fn body_stalled() -> ApiError {
+    ApiError(
+        StatusCode::REQUEST_TIMEOUT,
+        format!("no byte of the body arrived for {} s", BODY_IDLE.as_secs()),
+    )
+}
+
+/// Whether `e` (or what caused it) is a body that stalled.
+fn is_stalled(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        if e.is::<BodyStalled>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// An invocation's body that could not be read (too large, stalled, cut off) as a JSON
+/// error.
 fn body_error(e: BytesRejection) -> ApiError {
     let status = e.status();
-    let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-        format!("the body is larger than the {} MiB limit", MAX_BODY >> 20)
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        too_large(BODY_LIMIT)
+    } else if is_stalled(&e) {
+        body_stalled()
     } else {
-        e.body_text()
+        ApiError(status, e.body_text())
+    }
+}
+
+/// The error a stalled body gives its reader.
+#[derive(Debug)]
+struct BodyStalled;
+
+impl std::fmt::Display for BodyStalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no byte of the body arrived for {} s",
+            BODY_IDLE.as_secs()
+        )
+    }
+}
+
+impl std::error::Error for BodyStalled {}
+
+/// A request body that fails with [`BodyStalled`] when no frame comes for [`BODY_IDLE`].
+struct IdleBody {
+    inner: Body,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl axum::body::HttpBody for IdleBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                let next = tokio::time::Instant::now() + BODY_IDLE;
+                this.deadline.as_mut().reset(next);
+                Poll::Ready(frame)
+            }
+            Poll::Pending => match std::future::Future::poll(this.deadline.as_mut(), cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(axum::Error::new(BodyStalled)))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Every request, before its handler: a declared length past the route's limit is
+/// refused before a byte of the body is read (so `Expect: 100-continue` gets no
+/// `100 Continue`), and the body must keep arriving.
+async fn guard_body(request: Request, next: Next) -> Response {
+    let limit = if request.method() == Method::POST && request.uri().path() == "/v1/functions" {
+        DEPLOY_LIMIT
+    } else {
+        BODY_LIMIT
     };
-    ApiError(status, message)
+    let declared = request
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit.bytes as u64) {
+        return too_large(limit).into_response();
+    }
+    if axum::body::HttpBody::is_end_stream(request.body()) {
+        return next.run(request).await;
+    }
+    let request = request.map(|inner| {
+        Body::new(IdleBody {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(BODY_IDLE)),
+        })
+    });
+    next.run(request).await
+}
+
+/// Every route's path parameters (a function's name, an invocation's or a session's
+/// id) are names, checked here once for all routes; only the path a function is
+/// invoked with (`rest`) is the function's own business.
+async fn check_names(params: RawPathParams, request: Request, next: Next) -> Response {
+    for (key, value) in &params {
+        if key != "rest" {
+            let kind = match key {
+                "name" => "function name",
+                "id" => "id",
+                other => other,
+            };
+            if let Err(message) = names::check(kind, value) {
+                return ApiError(StatusCode::BAD_REQUEST, message).into_response();
+            }
+        }
+    }
+    next.run(request).await
 }
 
 /// Runs the daemon until SIGINT or SIGTERM. `spawner` was forked while the caller was
@@ -111,6 +266,8 @@ pub fn serve(config: Config, spawner: RemoteSpawner) -> Result<()> {
             lock_path.display()
         )
     })?;
+    // Deploys a crash interrupted (this daemon holds the lock: none is running).
+    remove_scratch(&config.data, false)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.threads)
         .enable_all()
@@ -160,17 +317,54 @@ pub fn serve(config: Config, spawner: RemoteSpawner) -> Result<()> {
                 _ = term.recv() => {}
             }
         };
-        let on_unix =
-            axum::serve(unix, router(engine.clone(), Via::Unix)).with_graceful_shutdown(shutdown());
-        let on_tcp =
-            axum::serve(tcp, router(engine.clone(), Via::Tcp)).with_graceful_shutdown(shutdown());
-        let (a, b) = tokio::join!(on_unix, on_tcp);
+        let on_unix = serve_on(unix, router(engine.clone(), Via::Unix), shutdown());
+        let on_tcp = serve_on(tcp, router(engine.clone(), Via::Tcp), shutdown());
+        tokio::join!(on_unix, on_tcp);
         let _ = std::fs::remove_file(&config.socket);
         engine.stop_all().await;
-        a.context("unix socket")?;
-        b.context("tcp")?;
         Ok(())
     })
+}
+
+/// Serves HTTP/1.1 on `listener` until `shutdown`, then lets the open connections
+/// finish. A request's head must arrive within [`HEADER_TIMEOUT`] (also the longest
+/// an idle keep-alive connection stays open).
+async fn serve_on<L: axum::serve::Listener>(
+    mut listener: L,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let (stop, stopping) = tokio::sync::watch::channel(());
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (io, _) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let mut stopping = stopping.clone();
+        tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            let connection = builder
+                .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+                .with_upgrades();
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = stopping.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop.send(());
+    drop(stopping);
+    stop.closed().await;
 }
 
 fn router(engine: Arc<Engine>, via: Via) -> Router {
@@ -178,12 +372,7 @@ fn router(engine: Arc<Engine>, via: Via) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(|| async { Json(openapi::document()) }))
-        .route(
-            "/v1/functions",
-            get(list)
-                .post(deploy)
-                .layer(DefaultBodyLimit::max(MAX_DEPLOY)),
-        )
+        .route("/v1/functions", get(list).post(deploy))
         .route("/v1/functions/{name}", get(describe).delete(remove))
         .route("/v1/functions/{name}/logs", get(logs))
         .route(
@@ -206,8 +395,10 @@ fn router(engine: Arc<Engine>, via: Via) -> Router {
         .route("/async/{name}/{*rest}", post(invoke_async_path))
         .route("/async-function/{name}", post(invoke_async))
         .route("/async-function/{name}/{*rest}", post(invoke_async_path))
+        .route_layer(axum::middleware::from_fn(check_names))
         .fallback(|| async { ApiError(StatusCode::NOT_FOUND, "no such route".into()) })
-        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT.bytes))
+        .layer(axum::middleware::from_fn(guard_body))
         .layer(Extension(via))
         .with_state(engine)
 }
@@ -298,6 +489,8 @@ async fn remove(
     State(e): State<Arc<Engine>>,
     UrlPath(name): UrlPath<String>,
 ) -> Result<StatusCode, ApiError> {
+    let lock = e.registry.lock(&name);
+    let _held = lock.lock().await;
     match e.registry.remove(&name) {
         Ok(true) => {
             e.uninstall(&name);
@@ -315,24 +508,42 @@ struct DeployQuery {
     path: Option<PathBuf>,
 }
 
-/// `POST /v1/functions`: a tar of the function's directory, or `?path=DIR` (Unix socket
-/// only). Builds the environment, and for python3/node starts one instance, so a
-/// function that cannot load is refused with its error rather than deployed.
+/// `POST /v1/functions`: a tar (or gzipped tar) of the function's directory, or
+/// `?path=DIR` (Unix socket only). The body goes to a scratch file as it arrives, is
+/// unpacked as hostile input and built; for python3/node one instance starts, so a
+/// function that cannot load is refused with its error rather than deployed. Deploys
+/// and removals of one name run one at a time; whatever fails leaves no scratch.
 async fn deploy(
     State(e): State<Arc<Engine>>,
     Extension(via): Extension<Via>,
     Query(query): Query<DeployQuery>,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<(StatusCode, Json<Function>), ApiError> {
-    let body = body.map_err(body_error)?;
     if query.path.is_some() && via == Via::Tcp {
         return Err(ApiError(
             StatusCode::FORBIDDEN,
             "deploying a path on the host is only allowed over the Unix socket".into(),
         ));
     }
-    let e2 = e.clone();
-    let (f, incoming) = tokio::task::spawn_blocking(move || build(&e2, &body, query.path))
+    let scratch = e.registry.scratch();
+    match query.path {
+        Some(dir) => {
+            let out = scratch.body.clone();
+            tokio::task::spawn_blocking(move || tar_host_dir(&dir, &out))
+                .await
+                .map_err(internal)??
+        }
+        None => spool(body, &scratch.body).await?,
+    }
+    let (e2, scratch) = (e.clone(), Arc::new(scratch));
+    let s2 = scratch.clone();
+    let manifest = tokio::task::spawn_blocking(move || unpack(&e2, &s2))
+        .await
+        .map_err(internal)??;
+    let lock = e.registry.lock(&manifest.name.0);
+    let _held = lock.lock().await;
+    let (e2, s2) = (e.clone(), scratch.clone());
+    let f = tokio::task::spawn_blocking(move || build(&e2, &s2.dir, manifest))
         .await
         .map_err(internal)??;
     let fp = FnPool::new(f.clone());
@@ -340,15 +551,15 @@ async fn deploy(
         if let Err(message) = fp.prewarm(&e).await {
             fp.retire();
             e.fn_templates.forget_version(&f.name, &f.env);
-            let _ = std::fs::remove_dir_all(&incoming);
+            let message = hide_paths(&e, &scratch.dir, &message);
             return Err(ApiError(StatusCode::BAD_REQUEST, message));
         }
     }
     let (e2, f2) = (e.clone(), f.clone());
-    let installed = tokio::task::spawn_blocking(move || {
-        let target = e2.registry.source_dir(&f2.name);
+    let installed = tokio::task::spawn_blocking(move || -> Result<()> {
+        let target = e2.registry.source_dir(&f2.name)?;
         let _ = std::fs::remove_dir_all(&target);
-        std::fs::rename(&incoming, &target)?;
+        std::fs::rename(&scratch.dir, &target)?;
         e2.registry.put(&f2)
     })
     .await
@@ -361,82 +572,125 @@ async fn deploy(
     Ok((StatusCode::CREATED, Json(f)))
 }
 
-/// Unpacks (or copies) the function into a scratch directory and builds its
-/// environment; returns the function and the scratch directory.
+/// Writes a deploy's body to `path` as it arrives, up to the deploy limit.
+async fn spool(body: Body, path: &std::path::Path) -> Result<(), ApiError> {
+    use tokio::io::AsyncWriteExt;
+    use tokio_stream::StreamExt;
+    let mut file = tokio::fs::File::create(path).await.map_err(internal)?;
+    let mut stream = body.into_data_stream();
+    let mut written = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            if is_stalled(&e) {
+                body_stalled()
+            } else {
+                ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!("the body was cut off: {e}"),
+                )
+            }
+        })?;
+        written += chunk.len();
+        if written > DEPLOY_LIMIT.bytes {
+            return Err(too_large(DEPLOY_LIMIT));
+        }
+        file.write_all(&chunk).await.map_err(internal)?;
+    }
+    file.flush().await.map_err(internal)
+}
+
+/// A tar of the host directory `dir` at `out` (a deploy by path, over the Unix socket).
+fn tar_host_dir(dir: &std::path::Path, out: &std::path::Path) -> Result<(), ApiError> {
+    if !dir.is_absolute() {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("{} is not an absolute path", dir.display()),
+        ));
+    }
+    let file = std::fs::File::create(out).map_err(internal)?;
+    let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
+    tar.follow_symlinks(false);
+    tar.append_dir_all(".", dir).map_err(|err| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read {}: {err}", dir.display()),
+        )
+    })?;
+    tar.into_inner()
+        .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
+        .map_err(internal)?;
+    Ok(())
+}
+
+/// Unpacks the deploy's archive into its scratch directory; returns its manifest.
+fn unpack(e: &Engine, scratch: &registry::Scratch) -> Result<skiff_manifest::Manifest, ApiError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let bad = |message: String| ApiError(StatusCode::BAD_REQUEST, message);
+    skiff_builder::unpack::unpack(
+        &scratch.body,
+        &scratch.dir,
+        &skiff_builder::unpack::FUNCTION_LIMITS,
+    )
+    .map_err(|err| {
+        bad(format!(
+            "the body is not a tar of the function's directory: {}",
+            hide_paths(e, &scratch.dir, &format!("{err:#}"))
+        ))
+    })?;
+    // Not through a symlink: what it points to is not the deployer's to read.
+    let mut text = String::new();
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(scratch.dir.join(skiff_manifest::FILE_NAME))
+        .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
+        .map_err(|err| match err.raw_os_error() {
+            Some(libc::ELOOP) => bad("skiff.yaml is a symlink; it must be a file".into()),
+            _ => bad("the function has no skiff.yaml".into()),
+        })?;
+    // Errors name the file as the user knows it, not our scratch copy.
+    skiff_manifest::Manifest::parse(&text, skiff_manifest::FILE_NAME)
+        .map_err(|err| bad(err.to_string()))
+}
+
+/// `text` without the host paths of the deploy's scratch directory and the data
+/// directory: errors are for the deployer, who knows neither.
+fn hide_paths(e: &Engine, scratch: &std::path::Path, text: &str) -> String {
+    text.replace(&format!("{}/", scratch.display()), "")
+        .replace(&scratch.display().to_string(), ".")
+        .replace(&e.data.display().to_string(), "DATA")
+}
+
+/// Builds the unpacked function in `dir` (the manifest read from it).
 fn build(
     e: &Engine,
-    tar_bytes: &[u8],
-    path: Option<PathBuf>,
-) -> Result<(Function, PathBuf), ApiError> {
-    let incoming = e.registry.incoming_dir();
-    let result = (|| {
-        let source = match path {
-            Some(dir) => {
-                if !dir.is_absolute() {
-                    return Err(ApiError(
-                        StatusCode::BAD_REQUEST,
-                        format!("{} is not an absolute path", dir.display()),
-                    ));
-                }
-                let mut tar = tar::Builder::new(Vec::new());
-                tar.follow_symlinks(false);
-                tar.append_dir_all(".", &dir).map_err(|err| {
-                    ApiError(
-                        StatusCode::BAD_REQUEST,
-                        format!("cannot read {}: {err}", dir.display()),
-                    )
-                })?;
-                std::borrow::Cow::Owned(tar.into_inner().map_err(internal)?)
-            }
-            None => std::borrow::Cow::Borrowed(tar_bytes),
-        };
-        std::fs::create_dir_all(&incoming).map_err(internal)?;
-        tar::Archive::new(&*source)
-            .unpack(&incoming)
-            .map_err(|err| {
-                ApiError(
-                    StatusCode::BAD_REQUEST,
-                    format!("the body is not a tar of the function's directory: {err}"),
-                )
-            })?;
-        // Errors name the file as the user knows it, not our scratch copy.
-        let text =
-            std::fs::read_to_string(incoming.join(skiff_manifest::FILE_NAME)).map_err(|_| {
-                ApiError(
-                    StatusCode::BAD_REQUEST,
-                    "the function has no skiff.yaml".into(),
-                )
-            })?;
-        let manifest = skiff_manifest::Manifest::parse(&text, skiff_manifest::FILE_NAME)
-            .map_err(|err| ApiError(StatusCode::BAD_REQUEST, err.to_string()))?;
-        let store = Store::open(&e.data).map_err(internal)?;
-        let built = skiff_builder::build(&store, &incoming, &mut |_| {})
-            .map_err(|err| ApiError(StatusCode::BAD_REQUEST, format!("{err:#}")))?;
-        Ok(Function {
-            name: manifest.name.0.clone(),
-            runtime: manifest.runtime,
-            handler: manifest.handler,
-            env: built.id,
-            memory_bytes: manifest.limits.memory.0,
-            cpus: manifest.limits.cpu.0,
-            pids: manifest.limits.pids.0,
-            timeout_ms: manifest.limits.timeout.0.as_millis() as u64,
-            vars: manifest.env,
-            network: manifest.network,
-            scale: registry::Scale::from(&manifest.scale),
-            session: manifest.session.as_ref().map(registry::Session::from),
-            deployed_unix: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-        })
-    })();
-    match result {
-        Ok(f) => Ok((f, incoming)),
-        Err(err) => {
-            let _ = std::fs::remove_dir_all(&incoming);
-            Err(err)
-        }
-    }
+    dir: &std::path::Path,
+    manifest: skiff_manifest::Manifest,
+) -> Result<Function, ApiError> {
+    let store = Store::open(&e.data).map_err(internal)?;
+    let built = skiff_builder::build(&store, dir, &mut |_| {}).map_err(|err| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            hide_paths(e, dir, &format!("{err:#}")),
+        )
+    })?;
+    Ok(Function {
+        name: manifest.name.0.clone(),
+        runtime: manifest.runtime,
+        handler: manifest.handler,
+        env: built.id,
+        memory_bytes: manifest.limits.memory.0,
+        cpus: manifest.limits.cpu.0,
+        pids: manifest.limits.pids.0,
+        timeout_ms: manifest.limits.timeout.0.as_millis() as u64,
+        vars: manifest.env,
+        network: manifest.network,
+        scale: registry::Scale::from(&manifest.scale),
+        session: manifest.session.as_ref().map(registry::Session::from),
+        deployed_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    })
 }
 
 async fn instances(State(e): State<Arc<Engine>>) -> Json<Vec<engine::InstanceInfo>> {
@@ -510,7 +764,7 @@ async fn logs(
     if !q.follow.unwrap_or(false) {
         return Ok(([("content-type", "application/x-ndjson")], text).into_response());
     }
-    let file = e.logs.file(&name);
+    let file = e.logs.file(&name).ok_or_else(|| not_found(&name))?;
     let start = std::fs::metadata(&file).map_or(0, |m| m.len());
     let invocation = q.invocation.clone();
     let stream = follow(text, file, start, invocation);
@@ -747,7 +1001,8 @@ fn base64_encode(bytes: &[u8]) -> String {
 }
 
 /// Runs an accepted async invocation in the background (also those a previous
-/// daemon accepted and did not finish).
+/// daemon accepted and did not finish). It waits for room as long as it takes: an
+/// accepted call is never refused for a full queue.
 fn resume_async(e: &Arc<Engine>, mut record: Record, stored: StoredRequest) {
     let e = e.clone();
     tokio::spawn(async move {
@@ -761,27 +1016,33 @@ fn resume_async(e: &Arc<Engine>, mut record: Record, stored: StoredRequest) {
                 .decode(&stored.body_base64)
                 .unwrap_or_default(),
         };
-        let response = match e.function(&record.function) {
-            Some(fp) => {
-                record.status = Status::Running;
-                if let Err(err) = e.invocations.put(&record, None) {
-                    eprintln!(
-                        "skiff: warning: cannot store invocation {}: {err}",
-                        record.id
-                    );
+        // Queued until it has its instance or sandbox (the engine marks it running
+        // then); one a previous daemon was running starts over.
+        record.status = Status::Queued;
+        let mut tried: Option<Arc<FnPool>> = None;
+        let response = loop {
+            match e.function(&record.function) {
+                // A version that could not start it is being replaced (or the daemon
+                // stops, and the call waits on disk for the next one).
+                Some(fp) if tried.as_ref().is_some_and(|t| Arc::ptr_eq(t, &fp)) => return,
+                Some(fp) => {
+                    let response = e.invoke(&fp, &request, &mut record).await;
+                    if record.status != Status::Queued {
+                        break response;
+                    }
+                    tried = Some(fp);
                 }
-                e.invoke(&fp, &request, &mut record).await
-            }
-            None => {
-                record.status = Status::Failed;
-                record.error = Some("the function was removed before it ran".into());
-                record.http_status = Some(404);
-                record.end = Some(invocations::now_rfc3339());
-                engine::Response {
-                    status: 404,
-                    headers: BTreeMap::new(),
-                    body: Vec::new(),
-                    error: record.error.clone(),
+                None => {
+                    record.status = Status::Failed;
+                    record.error = Some("the function was removed before it ran".into());
+                    record.http_status = Some(404);
+                    record.end = Some(invocations::now_rfc3339());
+                    break engine::Response {
+                        status: 404,
+                        headers: BTreeMap::new(),
+                        body: Vec::new(),
+                        error: record.error.clone(),
+                    };
                 }
             }
         };

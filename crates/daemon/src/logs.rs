@@ -37,8 +37,8 @@ impl Logs {
         })
     }
 
-    fn path(&self, function: &str) -> PathBuf {
-        self.dir.join(format!("{function}.log"))
+    fn path(&self, function: &str) -> Option<PathBuf> {
+        crate::names::inside(&self.dir, function, ".log").ok()
     }
 
     /// Appends each line of `text`. Logging never fails an invocation: errors are dropped.
@@ -55,9 +55,11 @@ impl Logs {
             let _ = serde_json::to_writer(&mut out, &entry);
             out.push(b'\n');
         }
+        let Some(path) = self.path(function) else {
+            return;
+        };
         let mut open = self.open.lock().unwrap();
         if !open.contains_key(function) {
-            let path = self.path(function);
             let Ok(file) = File::options().create(true).append(true).open(&path) else {
                 return;
             };
@@ -66,7 +68,6 @@ impl Logs {
         }
         let (file, size) = open.get_mut(function).expect("just opened");
         if *size + out.len() as u64 > MAX_FILE {
-            let path = self.path(function);
             let _ = std::fs::rename(&path, path.with_extension("log.1"));
             match File::options().create(true).append(true).open(&path) {
                 Ok(fresh) => (*file, *size) = (fresh, 0),
@@ -80,7 +81,9 @@ impl Logs {
 
     /// The last `tail` lines of a function's log (of one invocation, if given).
     pub fn read(&self, function: &str, invocation: Option<&str>, tail: usize) -> Vec<Line> {
-        let path = self.path(function);
+        let Some(path) = self.path(function) else {
+            return Vec::new();
+        };
         let mut lines = Vec::new();
         for file in [path.with_extension("log.1"), path] {
             let Ok(f) = File::open(&file) else { continue };
@@ -97,15 +100,17 @@ impl Logs {
         lines.split_off(skip)
     }
 
-    /// The log file and its current length, for following it.
-    pub fn file(&self, function: &str) -> PathBuf {
+    /// The log file, for following it.
+    pub fn file(&self, function: &str) -> Option<PathBuf> {
         self.path(function)
     }
 
     /// Forgets a removed function's logs.
     pub fn remove(&self, function: &str) {
         self.open.lock().unwrap().remove(function);
-        let path = self.path(function);
+        let Some(path) = self.path(function) else {
+            return;
+        };
         let _ = std::fs::remove_file(path.with_extension("log.1"));
         let _ = std::fs::remove_file(path);
     }

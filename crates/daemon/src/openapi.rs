@@ -6,8 +6,9 @@ fn name_param() -> Value {
     path_param("name")
 }
 
+/// A name or an id: one character set for both (`names::check`).
 fn path_param(name: &str) -> Value {
-    json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string" } })
+    json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,62}$" } })
 }
 
 fn json_of(schema: &str) -> Value {
@@ -16,13 +17,28 @@ fn json_of(schema: &str) -> Value {
 
 pub fn document() -> Value {
     let error = json!({ "description": "error", "content": json_of("Error") });
+    let mut document = paths(&error);
+    // A route that takes a name or an id answers 400 for one that is not one.
+    for (path, operations) in document["paths"].as_object_mut().expect("paths") {
+        if path.contains('{') {
+            for operation in operations.as_object_mut().expect("operations").values_mut() {
+                if let Some(responses) = operation.get_mut("responses") {
+                    responses["400"] = error.clone();
+                }
+            }
+        }
+    }
+    document
+}
+
+fn paths(error: &Value) -> Value {
     let invoke = json!({
         "summary": "Invoke a function. python3/node: the handler gets the body as its event and method, path, query and headers in its context; binary: the body on stdin, SKIFF_* variables",
         "parameters": [name_param()],
         "requestBody": { "content": { "application/octet-stream": {} } },
         "responses": {
             "200": { "description": "the function's response (its status and headers); x-skiff-invocation-id, and x-skiff-cold-start on a cold start" },
-            "404": error, "413": error, "429": error, "500": error, "502": error, "503": error, "504": error
+            "400": error, "404": error, "408": error, "413": error, "429": error, "500": error, "502": error, "503": error, "504": error
         }
     });
     let invoke_ops =
@@ -30,7 +46,7 @@ pub fn document() -> Value {
     let accepted = json!({
         "summary": "Invoke asynchronously; X-Callback-Url (http) receives the result",
         "parameters": [name_param()],
-        "responses": { "202": { "description": "accepted: {id}; x-call-id and location headers" }, "400": error, "404": error, "413": error }
+        "responses": { "202": { "description": "accepted: {id}; x-call-id and location headers" }, "400": error, "404": error, "408": error, "413": error }
     });
     json!({
         "openapi": "3.0.3",
@@ -45,7 +61,7 @@ pub fn document() -> Value {
                     "summary": "Deploy a function: a tar of its directory (with skiff.yaml), or ?path=DIR on the Unix socket",
                     "parameters": [{ "name": "path", "in": "query", "schema": { "type": "string" } }],
                     "requestBody": { "content": { "application/x-tar": {} } },
-                    "responses": { "201": { "description": "deployed", "content": json_of("Function") }, "400": error, "403": error, "413": error }
+                    "responses": { "201": { "description": "deployed", "content": json_of("Function") }, "400": error, "403": error, "408": error, "413": error }
                 }
             },
             "/v1/functions/{name}": {

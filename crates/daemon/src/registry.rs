@@ -1,9 +1,12 @@
 //! Deployed functions: `DATA/functions/<name>.json` (written to a temporary file, fsynced,
 //! renamed, directory fsynced: an acknowledged deploy survives a crash) and the
-//! function's source in `DATA/functions/<name>/`.
+//! function's source in `DATA/functions/<name>/`; a deploy works in a scratch directory
+//! beside them until it is installed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -89,6 +92,58 @@ impl From<&skiff_manifest::Scale> for Scale {
 
 pub struct Registry {
     dir: PathBuf,
+    /// Per function name: held by a deploy or removal from start to end, so those of
+    /// one name run one at a time.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A deploy's scratch (`DATA/functions/.incoming-PID-N`, and its body beside it as
+/// `.incoming-PID-N.tar`): removed when dropped (an installed deploy's directory was
+/// renamed away before).
+pub struct Scratch {
+    pub dir: PathBuf,
+    pub body: PathBuf,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.body);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const SCRATCH_PREFIX: &str = ".incoming-";
+
+/// Removes the scratch of deploys that did not finish: all of it when no daemon runs,
+/// else only that of processes that are gone. Returns what it removed.
+pub fn remove_scratch(data: &Path, daemon_running: bool) -> Result<Vec<PathBuf>> {
+    let dir = data.join("functions");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(Vec::new());
+    };
+    let mut removed = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(SCRATCH_PREFIX)) else {
+            continue;
+        };
+        let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
+        // SAFETY: kill(2) with signal 0 only asks whether the process exists.
+        if daemon_running && pid.is_some_and(|pid| unsafe { libc::kill(pid, 0) } == 0) {
+            continue;
+        }
+        let path = entry.path();
+        let gone = if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        if gone.is_ok() {
+            removed.push(path);
+        }
+    }
+    Ok(removed)
 }
 
 impl Registry {
@@ -96,24 +151,38 @@ impl Registry {
         let dir = data.join("functions");
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        Ok(Registry { dir })
+        Ok(Registry {
+            dir,
+            locks: Mutex::new(HashMap::new()),
+        })
     }
 
-    pub fn source_dir(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
+    /// The lock that deploys and removals of `name` hold.
+    pub fn lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap();
+        // Those nobody holds go: names that are tried once do not pile up.
+        locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        locks.entry(name.to_owned()).or_default().clone()
     }
 
-    pub fn incoming_dir(&self) -> PathBuf {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        self.dir
-            .join(format!(".incoming-{}-{nanos}", std::process::id()))
+    pub fn source_dir(&self, name: &str) -> std::io::Result<PathBuf> {
+        crate::names::inside(&self.dir, name, "")
+    }
+
+    /// A new scratch place for a deploy, unique in this process.
+    pub fn scratch(&self) -> Scratch {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let base = format!("{SCRATCH_PREFIX}{}-{n}", std::process::id());
+        Scratch {
+            dir: self.dir.join(&base),
+            body: self.dir.join(format!("{base}.tar")),
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<Function> {
-        let bytes = std::fs::read(self.dir.join(format!("{name}.json"))).ok()?;
-        serde_json::from_slice(&bytes).ok()
+        let path = crate::names::inside(&self.dir, name, ".json").ok()?;
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
     }
 
     pub fn list(&self) -> Result<Vec<Function>> {
@@ -132,23 +201,24 @@ impl Registry {
 
     pub fn put(&self, f: &Function) -> Result<()> {
         use std::io::Write;
+        let path = crate::names::inside(&self.dir, &f.name, ".json")?;
         let tmp = self.dir.join(format!(".{}.json.tmp", f.name));
         let mut file = std::fs::File::create(&tmp)?;
         file.write_all(&serde_json::to_vec_pretty(f)?)?;
         file.sync_all()?;
-        std::fs::rename(&tmp, self.dir.join(format!("{}.json", f.name)))?;
+        std::fs::rename(&tmp, path)?;
         std::fs::File::open(&self.dir)?.sync_all()?;
         Ok(())
     }
 
     /// Removes a function; returns whether it existed.
     pub fn remove(&self, name: &str) -> Result<bool> {
-        let record = self.dir.join(format!("{name}.json"));
+        let record = crate::names::inside(&self.dir, name, ".json")?;
         if !record.exists() {
             return Ok(false);
         }
         std::fs::remove_file(&record)?;
-        let _ = std::fs::remove_dir_all(self.source_dir(name));
+        let _ = std::fs::remove_dir_all(self.source_dir(name)?);
         Ok(true)
     }
 }

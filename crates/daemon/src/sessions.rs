@@ -98,13 +98,13 @@ impl Sessions {
         (valid && same).then(|| id.to_owned())
     }
 
-    pub fn dir(&self, id: &str) -> PathBuf {
-        self.dir.join(id)
+    pub fn dir(&self, id: &str) -> std::io::Result<PathBuf> {
+        crate::names::inside(&self.dir, id, "")
     }
 
     /// The session's directory, made (for the sandbox's user) on first use.
     pub fn prepare(&self, id: &str, function: &str) -> Result<PathBuf> {
-        let dir = self.dir(id);
+        let dir = self.dir(id)?;
         if !dir.join("function").exists() {
             std::fs::create_dir_all(&dir)?;
             std::os::unix::fs::chown(&dir, Some(SANDBOX_UID), Some(SANDBOX_UID))?;
@@ -115,7 +115,7 @@ impl Sessions {
 
     /// The function session `id` belongs to, if it has ever run.
     pub fn function_of(&self, id: &str) -> Option<String> {
-        std::fs::read_to_string(self.dir(id).join("function")).ok()
+        std::fs::read_to_string(self.dir(id).ok()?.join("function")).ok()
     }
 
     /// Every session on disk: (id, function).
@@ -136,7 +136,8 @@ impl Sessions {
 
     /// Bytes of the session's files on disk (checkpoint and log).
     pub fn disk_bytes(&self, id: &str) -> u64 {
-        std::fs::read_dir(self.dir(id))
+        self.dir(id)
+            .and_then(std::fs::read_dir)
             .map(|entries| {
                 entries
                     .filter_map(|e| e.ok()?.metadata().ok())

@@ -175,16 +175,22 @@ impl Serialize for SessionKey {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Name(pub String);
 
+/// Whether `text` is a name: the one character set of everything that becomes a file
+/// name (functions, tenants, and the daemon's invocation and session ids), so no name
+/// can be `..`, hold a `/`, or start with a dot.
+pub fn is_name(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 63
+        && text.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && text
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
 impl TryFrom<String> for Name {
     type Error = String;
     fn try_from(text: String) -> Result<Name, String> {
-        let ok = !text.is_empty()
-            && text.len() <= 63
-            && text.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-            && text
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-        if ok {
+        if is_name(&text) {
             Ok(Name(text))
         } else {
             Err(format!("invalid name {text:?}: use 1-63 lowercase letters, digits and dashes, starting with a letter or digit"))

@@ -204,6 +204,12 @@ pub fn gc(data: &Path, pools: bool) -> Result<()> {
             ));
         }
     }
+    for path in skiff_daemon::remove_scratch(data, daemon_running)? {
+        removed.push(format!(
+            "scratch of an unfinished deploy {}",
+            path.display()
+        ));
+    }
     for line in skiff_store::Store::open(data)?.gc()? {
         removed.push(line);
     }

@@ -343,7 +343,7 @@ impl Engine {
         for _ in 0..100 {
             let pool = self.session_pool(&fp, &id).ok()?;
             // A lease makes sure the primary runs (a restore, if it was checkpointed).
-            let Ok(lease) = self.acquire(&pool).await else {
+            let Ok(lease) = self.acquire(&pool, false).await else {
                 if pool.is_retired() {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     continue;
@@ -436,7 +436,7 @@ impl Engine {
         let pool = self
             .session_pool(&fp, id)
             .map_err(|e| (500, format!("{e:#}")))?;
-        let lease = self.acquire(&pool).await?;
+        let lease = self.acquire(&pool, false).await?;
         let primary = pool
             .primary()
             .ok_or_else(|| (503, "the session's primary ended".to_string()))?;
@@ -490,7 +490,9 @@ impl Engine {
             Some(g) => Some(g.lock().await),
             None => None,
         };
-        std::fs::remove_dir_all(self.hints.dir(id))
+        self.hints
+            .dir(id)
+            .and_then(std::fs::remove_dir_all)
             .map_err(|e| (500, format!("removing the session's files: {e}")))
     }
 }
