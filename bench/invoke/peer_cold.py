@@ -7,17 +7,23 @@ import subprocess
 import sys
 import time
 
-n, root, bundle, runc, node_root = sys.argv[1:6]
-n = int(n)
-CODE = "import io, os, select, struct, sys, time, _json"
-bare = [f"{root}/usr/bin/python3.11", "-I", "-S", "-c", CODE]
-node = [f"{node_root}/usr/bin/node", "-e", "require('net'); require('path'); require('async_hooks')"]
-for label, argv in [("python3 bare process", bare), ("node bare process", node),
-                    ("python3 in runc", [runc, "run", "--bundle", bundle, "skiff-bench-cold"])]:
+
+def time_peer(label, argv, n, warmup):
+    """Prints the JSON line of `n` runs of `argv`, spawn to exit, after `warmup` untimed."""
     samples = []
-    for i in range(n + 3):
+    for i in range(n + warmup):
         start = time.perf_counter()
         subprocess.run(argv, check=True, stdin=subprocess.DEVNULL)
-        if i >= 3:
+        if i >= warmup:
             samples.append((time.perf_counter() - start) * 1e3)
     print(json.dumps({"label": label, "ms": samples}), flush=True)
+
+
+if __name__ == "__main__":
+    n, root, bundle, runc, node_root = sys.argv[1:6]
+    CODE = "import io, os, select, struct, sys, time, _json"
+    bare = [f"{root}/usr/bin/python3.11", "-I", "-S", "-c", CODE]
+    node = [f"{node_root}/usr/bin/node", "-e", "require('net'); require('path'); require('async_hooks')"]
+    for label, argv in [("python3 bare process", bare), ("node bare process", node),
+                        ("python3 in runc", [runc, "run", "--bundle", bundle, "skiff-bench-cold"])]:
+        time_peer(label, argv, int(n), 3)

@@ -34,29 +34,27 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-cold = load("cold.jsonl")
-if cold:
-    runc = next((statistics.median(c["ms"]) for c in cold if c["label"] == "python3 in runc"), None)
-    heading("### Cold start, end to end (ms; HTTP request in to response out, no idle instance)",
-            ["path", "n", "p50", "p99", "mean", "instance start p50 (daemon's init_ms)", "runc p50 / this p50"])
-    for c in cold:
+def cold_table(title, rows):
+    """Cold starts, each row beside the row of runc's peer (its label ends `in runc`)."""
+    runc = next((statistics.median(c["ms"]) for c in rows if c["label"].endswith("in runc")), None)
+    heading(title, ["path", "n", "p50", "p99", "mean", "instance start p50 (daemon's init_ms)",
+                    "runc p50 / this p50"])
+    for c in rows:
         init = f"{statistics.median(c['init_ms']):.2f}" if c.get("init_ms") else "-"
         ratio = f"{runc / statistics.median(c['ms']):.1f}x" if runc else "-"
         say(f"| {c['label']} | {len(c['ms'])} | {pct(c['ms'], 50):.2f} | {pct(c['ms'], 99):.2f} | "
             f"{statistics.mean(c['ms']):.2f} | {init} | {ratio} |")
     say()
 
+
+cold = load("cold.jsonl")
+if cold:
+    cold_table("### Cold start, end to end (ms; HTTP request in to response out, no idle instance)", cold)
+
 heavy = load("heavy.jsonl")
 if heavy:
-    runc = next((statistics.median(c["ms"]) for c in heavy if c["label"].endswith("in runc")), None)
-    heading("### Cold start of a function importing numpy and pandas (ms; as above; peers spawn to exit)",
-            ["path", "n", "p50", "p99", "mean", "instance start p50 (daemon's init_ms)", "runc p50 / this p50"])
-    for c in heavy:
-        init = f"{statistics.median(c['init_ms']):.2f}" if c.get("init_ms") else "-"
-        ratio = f"{runc / statistics.median(c['ms']):.1f}x" if runc else "-"
-        say(f"| {c['label']} | {len(c['ms'])} | {pct(c['ms'], 50):.2f} | {pct(c['ms'], 99):.2f} | "
-            f"{statistics.mean(c['ms']):.2f} | {init} | {ratio} |")
-    say()
+    cold_table("### Cold start of a function importing numpy and pandas (ms; as above; peers spawn to exit)",
+               heavy)
 
 memory = load("memory.jsonl")
 if memory:

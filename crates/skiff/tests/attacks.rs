@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::daemon::{assert_nothing_left, deploy, http, wait_for, Daemon, Response};
+use common::daemon::{assert_nothing_left, deploy, http, wait_for, Daemon};
 use common::{stderr, stdout, Data};
 
 /// What the daemon allows a request's head, and a body between two bytes.
@@ -94,23 +94,6 @@ impl Victims {
 impl Drop for Victims {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Response {
-    /// The message of a JSON error answer, checked to be one.
-    fn error(&self) -> String {
-        assert_eq!(
-            self.header("content-type"),
-            Some("application/json"),
-            "HTTP {} error is not JSON: {}",
-            self.status,
-            self.text()
-        );
-        self.json()["error"]
-            .as_str()
-            .unwrap_or_else(|| panic!("HTTP {}: no error in {}", self.status, self.text()))
-            .to_owned()
     }
 }
 

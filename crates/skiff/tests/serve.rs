@@ -20,24 +20,6 @@ use common::daemon::{
 };
 use common::{pid_alive, stderr, stdout, wait_gone, Data};
 
-impl Response {
-    /// The message of a JSON error answer, `{"error": "..."}`, checked to be one.
-    fn error(&self) -> String {
-        assert_eq!(
-            self.header("content-type"),
-            Some("application/json"),
-            "HTTP {} error is not JSON: {}",
-            self.status,
-            self.text()
-        );
-        let v = self.json();
-        v["error"]
-            .as_str()
-            .unwrap_or_else(|| panic!("HTTP {}: no \"error\" in {v}", self.status))
-            .to_owned()
-    }
-}
-
 impl Daemon {
     /// A raw HTTP/1.1 request over TCP: (status, body).
     fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {

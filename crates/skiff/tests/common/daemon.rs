@@ -37,6 +37,22 @@ impl Response {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
+    /// The message of a JSON error answer, `{"error": "..."}`, checked to be one.
+    pub fn error(&self) -> String {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/json"),
+            "HTTP {} error is not JSON: {}",
+            self.status,
+            self.text()
+        );
+        let v = self.json();
+        v["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("HTTP {}: no \"error\" in {v}", self.status))
+            .to_owned()
+    }
+
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
             panic!(
