@@ -11,7 +11,6 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -705,13 +704,7 @@ fn compile_sleeper() -> Vec<u8> {
          if (!strcmp(b, \"crash\")) return 3; usleep(300000); fputs(\"done\", stdout); return 0; }\n",
     )
     .unwrap();
-    let cc = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(dir.join("main"))
-        .arg(dir.join("main.c"))
-        .status()
-        .unwrap();
-    assert!(cc.success());
+    common::cc(&dir.join("main.c"), &dir.join("main"));
     let main = std::fs::read(dir.join("main")).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     tarball(&[

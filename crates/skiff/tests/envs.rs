@@ -102,13 +102,7 @@ fn hello_functions_run_on_their_environments() {
     let py = function(&data, "hello-python", "hello-python");
     let node = function(&data, "hello-node", "hello-node");
     let bin = function(&data, "echo-binary", "echo-binary");
-    let cc = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(bin.join("echo"))
-        .arg(bin.join("echo.c"))
-        .status()
-        .unwrap();
-    assert!(cc.success());
+    common::cc(&bin.join("echo.c"), &bin.join("echo"));
     for dir in [&py, &node, &bin] {
         build(&data, dir);
     }

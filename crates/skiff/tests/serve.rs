@@ -88,13 +88,7 @@ fn function(data: &Data, name: &str, manifest: &str, c_source: Option<&str>) -> 
     std::fs::write(dir.join("skiff.yaml"), manifest).unwrap();
     if let Some(src) = c_source {
         std::fs::write(dir.join("main.c"), src).unwrap();
-        let cc = Command::new("cc")
-            .args(["-O2", "-o"])
-            .arg(dir.join("main"))
-            .arg(dir.join("main.c"))
-            .status()
-            .unwrap();
-        assert!(cc.success());
+        common::cc(&dir.join("main.c"), &dir.join("main"));
     }
     dir
 }

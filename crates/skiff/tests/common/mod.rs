@@ -586,3 +586,14 @@ pub fn broken_functions(parent: &Path) -> Vec<Broken> {
         },
     ]
 }
+
+/// Compiles `source` (C) into the executable `out` with the host's cc.
+pub fn cc(source: &Path, out: &Path) {
+    let status = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(out)
+        .arg(source)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cc {}", source.display());
+}
