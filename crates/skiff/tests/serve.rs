@@ -1306,7 +1306,13 @@ fn async_invocations_finish_in_the_background_and_call_back() {
                 .then_some(())
         },
     );
-    let while_running = daemon.invocation(&id);
+    // It says `running` once its record is stored (fsynced), a moment after the lease.
+    let asked = Instant::now();
+    let mut while_running = daemon.invocation(&id);
+    while while_running["status"] == "queued" && asked.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+        while_running = daemon.invocation(&id);
+    }
     let record = wait_for("the async invocation", Duration::from_secs(10), || {
         let record = daemon.invocation(&id);
         match record["status"].as_str().unwrap() {
