@@ -1727,9 +1727,12 @@ fn a_function_with_packages_forks_from_a_template_of_its_own() {
             .status,
         204
     );
-    wait_for("the template to end", Duration::from_secs(5), || {
-        templates().is_empty().then_some(())
-    });
+    // Its fork ends with it, and their slots are released a moment later.
+    wait_for(
+        "the template and its fork to end",
+        Duration::from_secs(5),
+        || (templates().is_empty() && data.slots_in_use() == 0).then_some(()),
+    );
     daemon.stop();
     assert_nothing_left(&data);
 }
