@@ -11,7 +11,7 @@ cargo build --release -p skiff
 bash scripts/build-wasm.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --all-targets -- --test-threads=2 2>&1 | tee "$log"
+cargo test --workspace --all-targets --no-fail-fast -- --test-threads=2 2>&1 | tee "$log"
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f; if (p == 0) exit 1 }' "$log"
