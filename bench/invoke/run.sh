@@ -87,7 +87,7 @@ for f in bench/invoke/functions/noop-python bench/invoke/functions/noop-node exa
 done
 $PY bench/invoke/cold.py $port noop-python "python3 template" "$N_COLD" >>"$out/cold.jsonl"
 $PY bench/invoke/cold.py $port noop-node "node template" "$N_COLD" >>"$out/cold.jsonl"
-$PY bench/invoke/start_faults.py $port "$daemon" noop-python python3.11 "python3 template" 8 >>"$out/faults.jsonl"
+$PY bench/invoke/start_faults.py $port "$daemon" noop-python python3 "python3 template" 8 >>"$out/faults.jsonl"
 $PY bench/invoke/start_faults.py $port "$daemon" noop-node node "node template" 8 >>"$out/faults.jsonl"
 $PY bench/invoke/cold.py $port numpy-pandas "numpy+pandas: its own template" "$N_HEAVY" >>"$out/heavy.jsonl"
 $PY bench/invoke/memory.py $port numpy-pandas "its template, idle" template >>"$out/memory.jsonl"
