@@ -41,6 +41,9 @@ pub struct Engine {
     /// Per session: held while its primary starts or while it closes, so a restore
     /// never reads a checkpoint that is still being written.
     session_gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Versions replaced or removed whose instances may still be ending: shutdown waits
+    /// for them too, so their slots are released.
+    retired: Mutex<Vec<std::sync::Weak<FnPool>>>,
     pub hints: crate::sessions::Sessions,
     pub templates: crate::templates::Templates,
     /// Templates of python3 functions with packages, one per function.
@@ -191,6 +194,7 @@ impl Engine {
             functions: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             session_gates: Mutex::new(HashMap::new()),
+            retired: Mutex::new(Vec::new()),
             hints: crate::sessions::Sessions::open(&data)?,
             templates: crate::templates::Templates::new(dev_template.clone()),
             fn_templates: crate::fn_templates::FunctionTemplates::new(template_memory),
@@ -260,16 +264,24 @@ impl Engine {
             .unwrap()
             .insert(fp.function.name.clone(), fp);
         if let Some(old) = old {
-            old.retire();
+            self.retire(&old);
         }
     }
 
     pub fn uninstall(self: &Arc<Self>, name: &str) {
         self.close_sessions_of(name);
         self.fn_templates.forget(name);
-        if let Some(old) = self.functions.lock().unwrap().remove(name) {
-            old.retire();
+        let old = self.functions.lock().unwrap().remove(name);
+        if let Some(old) = old {
+            self.retire(&old);
         }
+    }
+
+    fn retire(&self, old: &Arc<FnPool>) {
+        old.retire();
+        let mut retired = self.retired.lock().unwrap();
+        retired.retain(|w| w.strong_count() > 0);
+        retired.push(Arc::downgrade(old));
     }
 
     pub fn pools(&self) -> Vec<Arc<FnPool>> {
@@ -647,7 +659,14 @@ impl Engine {
     /// slots released (daemon shutdown).
     pub async fn stop_all(self: &Arc<Self>) {
         self.close_all_sessions().await;
-        let pools = self.pools();
+        let mut pools = self.pools();
+        pools.extend(
+            self.retired
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|w| w.upgrade()),
+        );
         for fp in &pools {
             fp.retire();
             for i in fp.state.lock().unwrap().instances.iter() {
