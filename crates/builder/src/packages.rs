@@ -150,14 +150,15 @@ fn check_reference(root: &Path, base: &Path, text: &str, origin: &str) -> Result
     let t = text.trim();
     let outside =
         || anyhow::anyhow!("{origin}: {t:?} names a path outside the function's directory");
-    if t.starts_with('/') || t.starts_with('~') || t.contains("file:") {
+    // Anything path-like (a local project, editable or not, an included file) must stay
+    // below `root`.
+    let path = t
+        .trim_start_matches("--editable")
+        .trim_start_matches("-e")
+        .trim();
+    if path.starts_with('/') || path.starts_with('~') || t.contains("file:") {
         return Err(outside());
     }
-    // Anything path-like (a local project, an included file) must stay below `root`.
-    let path = t
-        .trim_start_matches("-e")
-        .trim_start_matches("--editable")
-        .trim();
     let mut depth = base
         .strip_prefix(root)
         .map_or(0, |rel| rel.components().count());
@@ -282,35 +283,44 @@ pub fn layer(
         _ => bail!("packages: only python3 and node functions take packages"),
     };
     resolved.insert(0, format!("{runtime:?} {}", env_id(have)));
-    let id = format!(
-        "packages-{}",
-        &hex_digest(resolved.join("\n").as_bytes())[..16]
-    );
-    let entries = if store.env_exists(&id) {
-        store.record(&id)?.entries
-    } else {
-        let mut entries = Vec::new();
-        if site.is_dir() {
-            // Shared objects find their libraries in the tree, in the runtime layer, or
-            // on the host: those are added at the same paths.
-            let paths: std::collections::HashSet<&str> = have.iter().map(Entry::path).collect();
-            let has = |p: &Path| {
-                p.strip_prefix("/")
-                    .ok()
-                    .and_then(Path::to_str)
-                    .is_some_and(|p| paths.contains(p))
-            };
-            let libraries = tree_closure(&site, prefix, &has)?;
-            if runtime == Runtime::Python3 {
-                compile(&site)?;
+    // Inputs that name local paths (a wheel in the function's directory) may install
+    // anything under a registry package's name and version: such a layer is named by its
+    // content, never by the resolved list, so no other function is handed it.
+    let by_list = alias.as_ref().map(|_| {
+        format!(
+            "packages-{}",
+            &hex_digest(resolved.join("\n").as_bytes())[..16]
+        )
+    });
+    let entries = match by_list.as_deref().filter(|id| store.env_exists(id)) {
+        Some(id) => store.record(id)?.entries,
+        None => {
+            let mut entries = Vec::new();
+            if site.is_dir() {
+                // Shared objects find their libraries in the tree, in the runtime layer,
+                // or on the host: those are added at the same paths.
+                let paths: std::collections::HashSet<&str> = have.iter().map(Entry::path).collect();
+                let has = |p: &Path| {
+                    p.strip_prefix("/")
+                        .ok()
+                        .and_then(Path::to_str)
+                        .is_some_and(|p| paths.contains(p))
+                };
+                let libraries = tree_closure(&site, prefix, &has)?;
+                if runtime == Runtime::Python3 {
+                    compile(&site)?;
+                }
+                add_tree(store, &site, prefix, &build_leftover, &mut entries)?;
+                entries.extend(host_files(store, &libraries)?);
             }
-            add_tree(store, &site, prefix, &build_leftover, &mut entries)?;
-            entries.extend(host_files(store, &libraries)?);
+            progress(Progress::File(entries.len() as u64));
+            entries
         }
-        progress(Progress::File(entries.len() as u64));
-        store.build_env(&id, &id, &entries)?;
-        entries
     };
+    let id = by_list.unwrap_or_else(|| format!("packages-{}", env_id(&entries)));
+    if !store.env_exists(&id) {
+        store.build_env(&id, &id, &entries)?;
+    }
     if let Some(alias) = &alias {
         // Names the layer by its inputs as well (not a valid function name: no clash).
         store.build_env(&id, alias, &entries)?;
@@ -706,6 +716,8 @@ mod tests {
             "-r ../x\n",
             "--requirement=linked.txt\n",
             "-c ../../y\n",
+            "-e /etc\n",
+            "--editable /etc\n",
         ] {
             assert!(check(&[], Some(bad), None).is_err(), "{bad}");
         }

@@ -126,6 +126,11 @@ impl FunctionTemplate {
             pid: pidfd_pid(&pidfd)?,
             pidfd,
         };
+        // The answer is the template's, so the function's: it must name its own fork, not
+        // itself or another process, before that process is moved and signalled as one.
+        if parent_of(child.pid) != Some(self.child.pid) {
+            bail!("the function's template answered with a process that is not its fork");
+        }
         let admitted = entry.admit(child.pid).and_then(|()| {
             (&*ours)
                 .write_all(b"g")
@@ -166,6 +171,18 @@ fn exited(child: &Child) -> bool {
     };
     // SAFETY: polling one descriptor we own, without waiting.
     unsafe { libc::poll(&mut poll, 1, 0) != 0 }
+}
+
+/// The parent of `pid`, from /proc/PID/stat.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name, which may hold spaces and parentheses: state, then ppid.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// The pid (in our namespace) of the process a pidfd refers to.
@@ -246,10 +263,7 @@ impl FunctionTemplates {
                      as before: {e:#}",
                     f.name
                 );
-                self.failed
-                    .lock()
-                    .unwrap()
-                    .insert(f.env.clone(), format!("{e:#}"));
+                self.give_up(f, &e);
                 None
             }
         }
@@ -307,6 +321,15 @@ impl FunctionTemplates {
     /// Stops the templates of `function`'s versions other than `env` (redeployed).
     pub fn forget_unless(&self, function: &str, env: &str) {
         self.stop_where(|(name, e)| name == function && e != env);
+    }
+
+    /// Stops `f`'s template for good: its version starts without one from now on.
+    pub fn give_up(&self, f: &Function, why: &anyhow::Error) {
+        self.failed
+            .lock()
+            .unwrap()
+            .insert(f.env.clone(), format!("{why:#}"));
+        self.forget_version(&f.name, &f.env);
     }
 
     /// Stops the template of one version of `function` (a deploy refused).

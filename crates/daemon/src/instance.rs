@@ -255,7 +255,16 @@ fn spawn_sandbox(
     };
     let (slot, entry) = engine.cgroups.acquire(id, &limits)?;
     if let Some(template) = template {
-        return fork_from_function_template(engine, f, id, template, slot, &entry);
+        return fork_from_function_template(engine, f, id, template, slot, &entry).or_else(|e| {
+            // Its own template is the function's code: one that misbehaves is given up
+            // for this version, which starts as functions without one do.
+            eprintln!(
+                "skiff: warning: {e:#}; {} starts without its template",
+                f.name
+            );
+            engine.fn_templates.give_up(f, &e);
+            spawn_sandbox(engine, f, id, role, purpose, None)
+        });
     }
     let netns = match f.network {
         Network::None => match engine.netns()?.acquire(id) {
@@ -375,8 +384,6 @@ fn fork_from_function_template(
         });
     forked.map_err(|e| {
         let _ = engine.cgroups.release(index);
-        // A template that cannot fork is broken: the next start makes a new one.
-        engine.fn_templates.forget_version(&f.name, &f.env);
         e.context(format!("cannot fork an instance of {} ({id})", f.name))
     })
 }

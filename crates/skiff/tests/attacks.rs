@@ -1018,3 +1018,255 @@ fn slow_partial_and_oversized_requests_are_cut_off() {
     daemon.stop_within(Duration::from_secs(15));
     assert_nothing_left(&data);
 }
+
+/// A python3 function `evil` with `files` beside its skiff.yaml (whose `packages:` line is
+/// `packages`).
+fn evil_python(packages: &str, files: Vec<Item>) -> Vec<u8> {
+    let mut items = vec![
+        file(
+            "skiff.yaml",
+            format!("name: evil\nruntime: python3\nhandler: main.handle\n{packages}").as_bytes(),
+            0o644,
+        ),
+        file(
+            "main.py",
+            b"def handle(event, context):\n    return 'ok'\n",
+            0o644,
+        ),
+    ];
+    items.extend(files);
+    tarball(&items)
+}
+
+/// A node function `evil` with this package.json.
+fn evil_node(package_json: &str) -> Vec<u8> {
+    tarball(&[
+        file(
+            "skiff.yaml",
+            b"name: evil\nruntime: node\nhandler: index.handler\n",
+            0o644,
+        ),
+        file("index.js", b"exports.handler = async () => 'ok';\n", 0o644),
+        file("package.json", package_json.as_bytes(), 0o644),
+    ])
+}
+
+/// Package inputs (`packages:`, requirements.txt and what it includes, package.json) that
+/// name host files are refused before pip or npm reads them: the error says why and never
+/// echoes the host file.
+#[test]
+fn package_inputs_that_reach_the_host_are_refused() {
+    let data = Data::new("attack-packages", 4);
+    let victims = Victims::new("packages");
+    let before = victims.snapshot();
+    let daemon = Daemon::start(&data);
+    let v = victims.dir.to_str().unwrap();
+    let requirements = |text: &str| vec![file("requirements.txt", text.as_bytes(), 0o644)];
+    let deps = |spec: &str| format!("{{\"dependencies\": {{\"x\": \"{spec}\"}}}}");
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "an option in packages:",
+            evil_python(&format!("packages: [\"-r{v}/secret\"]\n"), vec![]),
+            "is an option",
+        ),
+        (
+            "a host path in packages:",
+            evil_python(&format!("packages: [\"{v}/hostdir\"]\n"), vec![]),
+            "outside the function's directory",
+        ),
+        (
+            "a file: URL in packages:",
+            evil_python(&format!("packages: [\"x @ file://{v}/hostdir\"]\n"), vec![]),
+            "outside the function's directory",
+        ),
+        (
+            "requirements.txt including a host file",
+            evil_python("", requirements(&format!("six\n-r {v}/secret\n"))),
+            "outside the function's directory",
+        ),
+        (
+            "requirements.txt including a file above the function",
+            evil_python("", requirements("--constraint=../../../secret\n")),
+            "outside the function's directory",
+        ),
+        (
+            "requirements.txt installing a host directory",
+            evil_python("", requirements(&format!("-e {v}/hostdir\n"))),
+            "outside the function's directory",
+        ),
+        (
+            "requirements.txt a symlink to a host file",
+            evil_python(
+                "",
+                vec![link(
+                    "requirements.txt",
+                    tar::EntryType::Symlink,
+                    &format!("{v}/secret"),
+                )],
+            ),
+            "points outside",
+        ),
+        (
+            "package.json depending on a host directory",
+            evil_node(&deps(&format!("file:{v}/hostdir"))),
+            "outside the function's directory",
+        ),
+        (
+            "package.json linking a directory above the function",
+            evil_node(&deps("link:../../..")),
+            "outside the function's directory",
+        ),
+        (
+            "package.json that is not JSON",
+            evil_node(&format!("{{\"name\": \"{SECRET}\"")),
+            "package.json is not JSON",
+        ),
+    ];
+    for (what, body, expected) in &cases {
+        let r = daemon.request("POST", "/v1/functions", &[], body);
+        assert_eq!(r.status, 400, "{what}: {}", r.text());
+        let message = r.error();
+        assert!(message.contains(expected), "{what}: {message}");
+        for hidden in [
+            SECRET,
+            data.dir.to_str().unwrap(),
+            ".incoming",
+            "skiff-packages",
+        ] {
+            assert!(
+                !message.contains(hidden),
+                "{what}: the error shows {hidden:?}: {message}"
+            );
+        }
+        assert_eq!(victims.snapshot(), before, "{what}: a victim was touched");
+        assert_eq!(scratch(&data), Vec::<String>::new(), "{what}: scratch left");
+        assert_eq!(
+            daemon.get("/v1/functions/evil").status,
+            404,
+            "{what}: deployed"
+        );
+    }
+    assert_eq!(
+        files_holding(&data.dir, SECRET.as_bytes()),
+        Vec::<PathBuf>::new()
+    );
+    daemon.stop_within(Duration::from_secs(15));
+    assert_nothing_left(&data);
+}
+
+/// `skiff serve --template-memory` takes a size; anything else is a usage error that names
+/// the flag, and no daemon starts.
+#[test]
+fn a_bad_template_memory_is_a_usage_error() {
+    let data = Data::new("attack-template-memory", 1);
+    for bad in ["lots", "-1", "1Q", ""] {
+        let socket = data.dir.join("skiff.sock");
+        let out = data.skiff(&[
+            "--socket",
+            socket.to_str().unwrap(),
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            &format!("--template-memory={bad}"),
+        ]);
+        assert_eq!(out.status.code(), Some(125), "{bad:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("--template-memory"),
+            "{bad:?}: {}",
+            stderr(&out)
+        );
+        assert!(!socket.exists(), "{bad:?}: a daemon started");
+    }
+}
+
+/// A python3 function in `dir` whose requirements.txt installs a wheel of its own, named
+/// `evilpkg` 0.1 whatever `module` (its code) does; the handler answers its `MODE`.
+fn function_with_wheel(dir: &Path, name: &str, module: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let manifest = format!("name: {name}\nruntime: python3\nhandler: main.handle\n");
+    std::fs::write(dir.join("skiff.yaml"), manifest).unwrap();
+    std::fs::write(
+        dir.join("main.py"),
+        "import evilpkg\n\ndef handle(event, context):\n    return evilpkg.MODE\n",
+    )
+    .unwrap();
+    let wheel = "evilpkg-0.1-py3-none-any.whl";
+    std::fs::write(dir.join("requirements.txt"), format!("./{wheel}\n")).unwrap();
+    std::fs::write(dir.join("evilpkg.py"), module).unwrap();
+    let made = std::process::Command::new("/usr/bin/python3.11")
+        .current_dir(dir)
+        .args(["-c", WHEEL_MAKER, wheel])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    std::fs::remove_file(dir.join("evilpkg.py")).unwrap();
+}
+
+/// Writes the wheel named argv[1] holding evilpkg/__init__.py (from ./evilpkg.py).
+const WHEEL_MAKER: &str = "import sys, zipfile
+with zipfile.ZipFile(sys.argv[1], 'w') as z:
+    z.write('evilpkg.py', 'evilpkg/__init__.py')
+    info = 'evilpkg-0.1.dist-info/'
+    z.writestr(info + 'METADATA', 'Metadata-Version: 2.1\\nName: evilpkg\\nVersion: 0.1\\n')
+    z.writestr(info + 'WHEEL', 'Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')
+    z.writestr(info + 'RECORD', '')
+";
+
+/// What a package does at import when the function's own template imports it ahead
+/// (the template's `preload` is on the stack): `how` is python run there.
+fn evil_module(mode: &str, how: &str) -> String {
+    format!(
+        "import inspect, os\nMODE = {mode:?}\n\
+         if any(f.function == 'preload' for f in inspect.stack()):\n{how}"
+    )
+}
+
+/// A function's own template runs the function's packages, so it is hostile too: one
+/// that corrupts its channel before it is ready, or answers a fork with a process that is
+/// not its fork (itself), is given up and the function starts as functions without a
+/// template do. And two functions whose local wheels share a name and version each get
+/// their own code, never the other's layer.
+#[test]
+fn a_hostile_function_template_is_given_up() {
+    let data = Data::new("attack-fn-template", 8);
+    let daemon = Daemon::start(&data);
+    let garbage = evil_module(
+        "garbage",
+        "    import __main__\n    os.write(__main__.chan, b'\\xff' * 16)\n",
+    );
+    let impostor = evil_module(
+        "impostor",
+        "    _open = os.pidfd_open\n    os.pidfd_open = lambda pid, flags=0: _open(os.getpid(), flags)\n",
+    );
+    for (name, module) in [("evil-garbage", &garbage), ("evil-impostor", &impostor)] {
+        let dir = data.dir.join("fn").join(name);
+        function_with_wheel(&dir, name, module);
+        common::daemon::deploy_dir(&daemon, &data, &dir);
+    }
+    let templates = || -> Vec<Value> {
+        let all = daemon.get("/v1/instances").json();
+        all.as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["role"] == "template")
+            .cloned()
+            .collect()
+    };
+    for (name, mode) in [("evil-garbage", "garbage"), ("evil-impostor", "impostor")] {
+        // Warm and then cold again: each answers with its own wheel's code.
+        for _ in 0..2 {
+            let r = daemon.get(&format!("/fn/{name}"));
+            assert_eq!((r.status, r.text()), (200, mode.to_owned()), "{name}");
+            let stop = daemon.request(
+                "DELETE",
+                &format!("/v1/functions/{name}/instances"),
+                &[],
+                b"",
+            );
+            assert!(stop.status < 300, "{}", stop.text());
+        }
+    }
+    assert_eq!(templates(), Vec::<Value>::new());
+    daemon.stop_within(Duration::from_secs(15));
+    assert_nothing_left(&data);
+}
