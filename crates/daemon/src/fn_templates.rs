@@ -68,12 +68,10 @@ impl TemplateUse {
 
     /// How the fork ended, as its template (which reaps it) saw it.
     pub fn exit_status(&self) -> Option<ExitStatus> {
-        let control = self.template.control.lock().unwrap();
-        let ask = format!("exit {}", self.pid);
-        skiff_sandbox::send_with_fds(control.as_raw_fd(), ask.as_bytes(), &[]).ok()?;
-        let mut buf = [0u8; 256];
-        let (n, _) = skiff_sandbox::recv_with_fds(control.as_raw_fd(), &mut buf).ok()?;
-        let answer: serde_json::Value = serde_json::from_slice(&buf[..n]).ok()?;
+        let (answer, _) = self
+            .template
+            .ask(format!("exit {}", self.pid).as_bytes(), &[])
+            .ok()?;
         let number = |key: &str| answer[key].as_i64().map(|n| n as i32);
         number("code")
             .map(ExitStatus::Exited)
@@ -104,18 +102,7 @@ impl FunctionTemplate {
         entry: &Entry,
     ) -> Result<(Child, TemplateUse)> {
         *self.last_used.lock().unwrap() = Instant::now();
-        let control = self.control.lock().unwrap();
-        skiff_sandbox::send_with_fds(
-            control.as_raw_fd(),
-            b"fork",
-            &[theirs.as_raw_fd(), log.as_raw_fd()],
-        )
-        .map_err(|e| anyhow::anyhow!("the function's template is gone: {e}"))?;
-        let mut buf = [0u8; 256];
-        let (n, mut fds) = skiff_sandbox::recv_with_fds(control.as_raw_fd(), &mut buf)
-            .context("the function's template did not answer")?;
-        drop(control);
-        let answer: serde_json::Value = serde_json::from_slice(&buf[..n]).unwrap_or_default();
+        let (answer, mut fds) = self.ask(b"fork", &[theirs.as_raw_fd(), log.as_raw_fd()])?;
         let (Some(pid), Some(pidfd)) = (answer["pid"].as_i64(), fds.pop()) else {
             bail!(
                 "the function's template could not fork: {}",
@@ -145,6 +132,22 @@ impl FunctionTemplate {
 
     fn key(&self) -> Key {
         (self.function.clone(), self.env.clone())
+    }
+
+    /// One request and its answer (JSON, with the descriptors that came with it), one
+    /// exchange at a time.
+    fn ask(
+        &self,
+        request: &[u8],
+        fds: &[std::os::fd::RawFd],
+    ) -> Result<(serde_json::Value, Vec<OwnedFd>)> {
+        let control = self.control.lock().unwrap();
+        skiff_sandbox::send_with_fds(control.as_raw_fd(), request, fds)
+            .map_err(|e| anyhow::anyhow!("the function's template is gone: {e}"))?;
+        let mut buf = [0u8; 256];
+        let (n, fds) = skiff_sandbox::recv_with_fds(control.as_raw_fd(), &mut buf)
+            .context("the function's template did not answer")?;
+        Ok((serde_json::from_slice(&buf[..n]).unwrap_or_default(), fds))
     }
 
     /// Bytes charged to its cgroup.
@@ -205,7 +208,9 @@ type Key = (String, String);
 pub struct FunctionTemplates {
     running: Mutex<HashMap<Key, Arc<FunctionTemplate>>>,
     /// Environments whose template failed to start: their functions start as before.
-    failed: Mutex<HashMap<String, String>>,
+    failed: Mutex<std::collections::HashSet<String>>,
+    /// Per environment, whether it has python packages.
+    packaged: Mutex<HashMap<String, bool>>,
     starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The tasks that free a template's slots when it ends.
     watchers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -221,12 +226,21 @@ impl FunctionTemplates {
         }
     }
 
-    /// Whether `f` gets a template of its own: python3 with packages.
-    pub fn wanted(engine: &Engine, f: &Function) -> bool {
-        engine.use_templates
-            && f.runtime == Runtime::Python3
-            && std::fs::read_dir(engine.env_root(&f.env).join(PYTHON_PACKAGES))
-                .is_ok_and(|mut d| d.next().is_some())
+    /// Whether `f` gets a template of its own: python3 with packages. Read once per
+    /// environment (they never change), not on every cold start.
+    pub fn wanted(&self, engine: &Engine, f: &Function) -> bool {
+        if !engine.use_templates || f.runtime != Runtime::Python3 {
+            return false;
+        }
+        *self
+            .packaged
+            .lock()
+            .unwrap()
+            .entry(f.env.clone())
+            .or_insert_with(|| {
+                std::fs::read_dir(engine.env_root(&f.env).join(PYTHON_PACKAGES))
+                    .is_ok_and(|mut d| d.next().is_some())
+            })
     }
 
     /// `f`'s template, started if it has none; `None` when its start failed (once per
@@ -243,7 +257,7 @@ impl FunctionTemplates {
         if let Some(t) = self.current(f) {
             return Some(t);
         }
-        if self.failed.lock().unwrap().contains_key(&f.env) {
+        if self.failed.lock().unwrap().contains(&f.env) {
             return None;
         }
         match crate::instance::start_function_template(engine, f).await {
@@ -263,7 +277,7 @@ impl FunctionTemplates {
                      as before: {e:#}",
                     f.name
                 );
-                self.give_up(f, &e);
+                self.give_up(f);
                 None
             }
         }
@@ -324,11 +338,8 @@ impl FunctionTemplates {
     }
 
     /// Stops `f`'s template for good: its version starts without one from now on.
-    pub fn give_up(&self, f: &Function, why: &anyhow::Error) {
-        self.failed
-            .lock()
-            .unwrap()
-            .insert(f.env.clone(), format!("{why:#}"));
+    pub fn give_up(&self, f: &Function) {
+        self.failed.lock().unwrap().insert(f.env.clone());
         self.forget_version(&f.name, &f.env);
     }
 

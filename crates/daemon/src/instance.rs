@@ -21,7 +21,7 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::oneshot;
 
 use crate::engine::Engine;
-use crate::fn_templates::{FunctionTemplate, FunctionTemplates, TemplateUse};
+use crate::fn_templates::{FunctionTemplate, TemplateUse};
 use crate::protocol::{self, Message};
 use crate::registry::{Function, Network, Runtime};
 
@@ -262,7 +262,7 @@ fn spawn_sandbox(
                 "skiff: warning: {e:#}; {} starts without its template",
                 f.name
             );
-            engine.fn_templates.give_up(f, &e);
+            engine.fn_templates.give_up(f);
             spawn_sandbox(engine, f, id, role, purpose, None)
         });
     }
@@ -457,7 +457,7 @@ impl Instance {
             skiff_pool::SERVE_OWNER_PREFIX,
             crate::invocations::new_id()
         );
-        let template = if role.is_none() && FunctionTemplates::wanted(engine, f) {
+        let template = if role.is_none() && engine.fn_templates.wanted(engine, f) {
             engine.fn_templates.get(engine, f).await
         } else {
             None

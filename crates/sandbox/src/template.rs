@@ -148,7 +148,7 @@ impl View<'_> {
 impl ViewSteps {
     /// Enters the view (in the child, before exec).
     fn run(&self) -> std::io::Result<()> {
-        use std::ptr::null;
+        use std::ffi::CStr;
         fn ok(result: libc::c_int) -> std::io::Result<()> {
             if result < 0 {
                 Err(std::io::Error::last_os_error())
@@ -156,58 +156,60 @@ impl ViewSteps {
                 Ok(())
             }
         }
+        fn mount(
+            src: Option<&CStr>,
+            dst: &CStr,
+            fstype: Option<&CStr>,
+            flags: libc::c_ulong,
+            data: Option<&CStr>,
+        ) -> std::io::Result<()> {
+            let ptr = |s: Option<&CStr>| s.map_or(std::ptr::null(), CStr::as_ptr);
+            // SAFETY: NUL-terminated strings or null, as mount(2) takes them.
+            ok(
+                unsafe {
+                    libc::mount(ptr(src), dst.as_ptr(), ptr(fstype), flags, ptr(data).cast())
+                },
+            )
+        }
         let nsdx = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-        // SAFETY: system calls on NUL-terminated strings that live in `self`.
-        unsafe {
-            ok(libc::unshare(libc::CLONE_NEWNS))?;
-            ok(libc::mount(
-                null(),
-                c"/".as_ptr(),
-                null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                null(),
-            ))?;
-            ok(libc::mount(
-                c"proc".as_ptr(),
-                self.proc.as_ptr(),
-                c"proc".as_ptr(),
-                nsdx,
-                null(),
-            ))?;
-            ok(libc::mount(
-                self.dev_from.as_ptr(),
-                self.dev.as_ptr(),
-                null(),
-                libc::MS_BIND | libc::MS_REC,
-                null(),
-            ))?;
-            // Executable: node preloads its addon from here.
-            ok(libc::mount(
-                c"tmpfs".as_ptr(),
-                self.tmp.as_ptr(),
-                c"tmpfs".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                c"mode=1777,size=64m".as_ptr().cast(),
-            ))?;
-            for (from, to) in &self.files {
-                let fd = libc::open(
+        // SAFETY: unshare takes no pointers.
+        ok(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
+        mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)?;
+        mount(Some(c"proc"), &self.proc, Some(c"proc"), nsdx, None)?;
+        mount(
+            Some(&self.dev_from),
+            &self.dev,
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )?;
+        // Executable: node preloads its addon from here.
+        let tmp_flags = libc::MS_NOSUID | libc::MS_NODEV;
+        let tmp_options = c"mode=1777,size=64m";
+        mount(
+            Some(c"tmpfs"),
+            &self.tmp,
+            Some(c"tmpfs"),
+            tmp_flags,
+            Some(tmp_options),
+        )?;
+        for (from, to) in &self.files {
+            // SAFETY: a NUL-terminated path; the descriptor is closed at once.
+            let fd = unsafe {
+                libc::open(
                     to.as_ptr(),
                     libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
                     0o644,
-                );
-                ok(fd)?;
-                libc::close(fd);
-                ok(libc::mount(
-                    from.as_ptr(),
-                    to.as_ptr(),
-                    null(),
-                    libc::MS_BIND,
-                    null(),
-                ))?;
-            }
-            ok(libc::chroot(self.root.as_ptr()))?;
-            ok(libc::chdir(c"/".as_ptr()))
+                )
+            };
+            ok(fd)?;
+            // SAFETY: closing the descriptor just opened.
+            unsafe { libc::close(fd) };
+            mount(Some(from), to, None, libc::MS_BIND, None)?;
         }
+        // SAFETY: NUL-terminated paths.
+        ok(unsafe { libc::chroot(self.root.as_ptr()) })?;
+        ok(unsafe { libc::chdir(c"/".as_ptr()) })
     }
 }
 
