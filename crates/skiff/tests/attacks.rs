@@ -1243,15 +1243,7 @@ fn a_hostile_function_template_is_given_up() {
         function_with_wheel(&dir, name, module);
         common::daemon::deploy_dir(&daemon, &data, &dir);
     }
-    let templates = || -> Vec<Value> {
-        let all = daemon.get("/v1/instances").json();
-        all.as_array()
-            .unwrap()
-            .iter()
-            .filter(|i| i["role"] == "template")
-            .cloned()
-            .collect()
-    };
+    let templates = || daemon.templates();
     for (name, mode) in [("evil-garbage", "garbage"), ("evil-impostor", "impostor")] {
         // Warm and then cold again: each answers with its own wheel's code.
         for _ in 0..2 {

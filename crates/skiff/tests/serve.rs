@@ -1665,15 +1665,7 @@ fn a_function_with_packages_forks_from_a_template_of_its_own() {
     let data = Data::new("serve-fn-template", 8);
     let daemon = Daemon::start(&data);
     deploy(&daemon, &data, "py-packages");
-    let templates = || -> Vec<Value> {
-        let all = daemon.get("/v1/instances").json();
-        all.as_array()
-            .unwrap()
-            .iter()
-            .filter(|i| i["role"] == "template")
-            .cloned()
-            .collect()
-    };
+    let templates = || daemon.templates();
     let listed = templates();
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0]["function"], "py-packages");

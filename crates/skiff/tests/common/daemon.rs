@@ -237,6 +237,17 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("{method} {path} over TCP: {e}"))
     }
 
+    /// The function templates `GET /v1/instances` lists.
+    pub fn templates(&self) -> Vec<Value> {
+        let all = self.get("/v1/instances").json();
+        all.as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["role"] == "template")
+            .cloned()
+            .collect()
+    }
+
     pub fn get(&self, path: &str) -> Response {
         self.request("GET", path, &[], b"")
     }
